@@ -1,0 +1,95 @@
+//! The emulator, for JS: `startEmulator(options)` → an `Emulator` handle.
+
+use napi::bindgen_prelude::*;
+use napi_derive::napi;
+use serde_json::Value;
+
+use crate::emulator::{self, EmulatorOptions, FaultRule};
+
+#[napi]
+pub struct Emulator {
+    inner: emulator::Emulator,
+}
+
+#[napi(object)]
+pub struct ProcessOutput {
+    pub stdout: Buffer,
+    pub stderr: Buffer,
+}
+
+/// Starts the local CreateOS emulator on 127.0.0.1.
+#[napi(ts_args_type = "options?: { port?: number; apiKey?: string; rateLimitPerMinute?: number | null; journalBytes?: number } | undefined | null")]
+pub async fn start_emulator(options: Option<Value>) -> Result<Emulator> {
+    let opts: EmulatorOptions = match options {
+        Some(Value::Null) | None => EmulatorOptions::default(),
+        Some(v) => serde_json::from_value(v).map_err(|e| napi::Error::from_reason(format!("Invalid emulator options: {e}")))?,
+    };
+    let inner = emulator::start(opts).await.map_err(|e| napi::Error::from_reason(format!("The emulator could not start: {e}")))?;
+    Ok(Emulator { inner })
+}
+
+#[napi]
+impl Emulator {
+    /// `http://127.0.0.1:PORT`.
+    #[napi(getter)]
+    pub fn url(&self) -> String {
+        self.inner.url()
+    }
+
+    /// The emulator's own throwaway key.
+    #[napi(getter)]
+    pub fn api_key(&self) -> String {
+        self.inner.api_key()
+    }
+
+    /// Every request so far, in arrival order.
+    #[napi(ts_return_type = "Array<{ method: string; path: string; query: string; route: string; status: number; atMs: number; durationMs: number }>")]
+    pub fn requests(&self) -> Result<Value> {
+        serde_json::to_value(self.inner.requests()).map_err(|e| napi::Error::from_reason(e.to_string()))
+    }
+
+    #[napi]
+    pub fn clear_requests(&self) {
+        self.inner.clear_requests()
+    }
+
+    /// Adds a fault rule (`{ route?, method?, skip?, times?, action: { kind, ... } }`).
+    #[napi(ts_args_type = "rule: object")]
+    pub fn add_fault(&self, rule: Value) -> Result<()> {
+        let rule: FaultRule = serde_json::from_value(rule).map_err(|e| napi::Error::from_reason(format!("Invalid fault rule: {e}")))?;
+        self.inner.add_fault(rule);
+        Ok(())
+    }
+
+    #[napi]
+    pub fn clear_faults(&self) {
+        self.inner.clear_faults()
+    }
+
+    /// Creates a sandbox without a request; returns its id.
+    #[napi]
+    pub fn create_sandbox(&self) -> String {
+        self.inner.create_sandbox_now()
+    }
+
+    /// Every byte a process wrote (recorded apart from the journal).
+    #[napi]
+    pub fn process_output(&self, sandbox_id: String, process_id: String) -> Option<ProcessOutput> {
+        self.inner
+            .process_output(&sandbox_id, &process_id)
+            .map(|(o, e)| ProcessOutput { stdout: o.into(), stderr: e.into() })
+    }
+
+    /// Pids still alive that this emulator started (any depth).
+    #[napi]
+    pub fn live_pids(&self) -> Vec<i32> {
+        self.inner.live_pids()
+    }
+
+    /// Stops serving, kills every tree it started, removes its files.
+    #[napi]
+    pub async fn close(&self) -> Result<()> {
+        self.inner.close().await;
+        Ok(())
+    }
+}

@@ -1,0 +1,445 @@
+//! HTTP to the CreateOS API: one `reqwest::Client` per process (rustls, no redirects), the
+//! `X-Api-Key` header, the JSend envelope, typed errors with fixed operation labels, the
+//! pacer, and the retry rules.
+//!
+//! Secrets stay here: the key is a [`SecretString`] sent as a sensitive header; no URL, query,
+//! body or provider text is ever put into an error.
+//!
+//! Retries (bounded: at most [`MAX_RETRIES`], each wait bounded by the caller's context):
+//! - 429 on any method, after `Retry-After` (which also pauses the whole origin's pacer);
+//! - 503 on any method but process creation (see `Retry::Creation`);
+//! - 502, 504 and failed connections only for GET/PUT/DELETE (idempotent), and never for
+//!   streams, whose reconnects `follow.rs` owns.
+
+use std::sync::{Arc, OnceLock};
+use std::time::Duration;
+
+use bytes::Bytes;
+use futures_util::StreamExt;
+use reqwest::header::{HeaderValue, CONTENT_TYPE, RETRY_AFTER};
+use reqwest::{Method, StatusCode};
+use secrecy::{ExposeSecret, SecretString};
+use serde_json::{Map, Value};
+use tokio::time::Instant;
+
+use crate::abort::Ctx;
+use crate::error::{Error, Operation, Result};
+use crate::pacer::{self, Pacer, PacingMode};
+
+pub const MAX_RETRIES: u32 = 3;
+/// The largest JSON answer read (a process list of many records fits easily).
+pub const MAX_JSON_BYTES: usize = 16 * 1024 * 1024;
+const MAX_RETRY_AFTER: Duration = Duration::from_secs(60);
+const DEFAULT_RETRY_AFTER: Duration = Duration::from_secs(1);
+
+pub const INVALID_JSON: &str = "CreateOS returned invalid JSON.";
+pub const UNSUCCESSFUL: &str = "CreateOS returned an unsuccessful response.";
+pub const INVALID_RESPONSE: &str = "CreateOS returned an invalid response.";
+pub const INVALID_URL: &str =
+    "CreateOS API URL must be an HTTPS origin (optionally ending in /v1); HTTP is allowed on loopback only.";
+pub const INVALID_KEY: &str = "CreateOS requires an API key in the environment config or CREATEOS_API_KEY.";
+
+/// Which retries a request may take.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Retry {
+    /// The rules in the module doc.
+    Safe,
+    /// `POST /processes`: only 429. A 503 could come after the process was created, and a
+    /// second creation would wait on the same start gate and run the command twice.
+    Creation,
+    /// Only 429 (streams: the caller owns reconnects).
+    RateLimitOnly,
+}
+
+pub enum Body {
+    Empty,
+    Json(Value),
+    Bytes(Bytes),
+}
+
+fn shared_http() -> Result<reqwest::Client> {
+    static HTTP: OnceLock<std::result::Result<reqwest::Client, ()>> = OnceLock::new();
+    HTTP.get_or_init(|| {
+        reqwest::Client::builder()
+            .redirect(reqwest::redirect::Policy::none())
+            .connect_timeout(Duration::from_secs(30))
+            .pool_idle_timeout(Duration::from_secs(30))
+            .tcp_nodelay(true)
+            .https_only(false)
+            .user_agent(concat!("createos-execute/", env!("CARGO_PKG_VERSION")))
+            .build()
+            .map_err(|_| ())
+    })
+    .clone()
+    .map_err(|_| Error::Internal("the HTTP client could not be built"))
+}
+
+/// Checks an API URL and returns its origin (`scheme://host[:port]`): HTTPS, or HTTP on
+/// loopback; no credentials, query or fragment; path empty, `/`, `/v1` or `/v1/`.
+pub fn api_origin(api_url: &str) -> Result<String> {
+    let url = url::Url::parse(api_url.trim()).map_err(|_| Error::Input(INVALID_URL))?;
+    let host = url.host_str().unwrap_or("");
+    let loopback = matches!(host, "localhost" | "127.0.0.1" | "[::1]" | "::1");
+    let scheme_ok = url.scheme() == "https" || (url.scheme() == "http" && loopback);
+    if !scheme_ok
+        || host.is_empty()
+        || !url.username().is_empty()
+        || url.password().is_some()
+        || url.query().is_some()
+        || url.fragment().is_some()
+        || !matches!(url.path(), "" | "/" | "/v1" | "/v1/")
+    {
+        return Err(Error::Input(INVALID_URL));
+    }
+    Ok(url.origin().ascii_serialization())
+}
+
+/// A sandbox or process id: `^[A-Za-z0-9_-]{1,200}$`.
+pub fn is_identifier(s: &str) -> bool {
+    !s.is_empty() && s.len() <= 200 && s.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_')
+}
+
+pub struct Client {
+    http: reqwest::Client,
+    base: String,
+    key: SecretString,
+    pacer: Arc<Pacer>,
+    request_timeout: Duration,
+}
+
+impl Client {
+    pub fn new(api_url: &str, api_key: &str, request_timeout: Duration, pacing: PacingMode) -> Result<Self> {
+        let origin = api_origin(api_url)?;
+        if api_key.trim().is_empty() || api_key.contains(['\r', '\n', '\0']) {
+            return Err(Error::Input(INVALID_KEY));
+        }
+        Ok(Client {
+            http: shared_http()?,
+            pacer: pacer::for_origin(&origin, pacing),
+            base: format!("{origin}/v1"),
+            key: SecretString::from(api_key.to_owned()),
+            request_timeout,
+        })
+    }
+
+    pub fn pacer(&self) -> &Arc<Pacer> {
+        &self.pacer
+    }
+
+    fn key_header(&self) -> Result<HeaderValue> {
+        let mut v = HeaderValue::from_str(self.key.expose_secret()).map_err(|_| Error::Input(INVALID_KEY))?;
+        v.set_sensitive(true);
+        Ok(v)
+    }
+
+    /// One attempt: pace, then transmit.
+    async fn send_once(
+        &self,
+        op: Operation,
+        method: &Method,
+        path: &str,
+        body: &Body,
+        ctx: &Ctx,
+        timeout: Option<Duration>,
+    ) -> Result<reqwest::Response> {
+        self.pacer.acquire(ctx).await?;
+        self.transmit(op, method, path, body, ctx, timeout).await
+    }
+
+    /// Sends one request (already paced) and maps the status. `timeout` bounds the arrival
+    /// of the answer's head; `None` = only the context bounds it.
+    async fn transmit(
+        &self,
+        op: Operation,
+        method: &Method,
+        path: &str,
+        body: &Body,
+        ctx: &Ctx,
+        timeout: Option<Duration>,
+    ) -> Result<reqwest::Response> {
+        let mut req = self.http.request(method.clone(), format!("{}{}", self.base, path)).header("X-Api-Key", self.key_header()?);
+        req = match body {
+            Body::Empty => req,
+            Body::Json(v) => req
+                .header(CONTENT_TYPE, "application/json")
+                .body(serde_json::to_vec(v).map_err(|_| Error::Internal("a request body could not be encoded"))?),
+            Body::Bytes(b) => req.header(CONTENT_TYPE, "application/octet-stream").body(b.clone()),
+        };
+        let send = async {
+            req.send().await.map_err(|e| Error::Connection { op, maybe_sent: !e.is_connect() })
+        };
+        let resp = match timeout {
+            Some(t) => ctx
+                .run(async {
+                    tokio::time::timeout(t, send).await.unwrap_or(Err(Error::Connection { op, maybe_sent: true }))
+                })
+                .await?,
+            None => ctx.run(send).await?,
+        };
+        let status = resp.status();
+        if status.is_success() {
+            return Ok(resp);
+        }
+        if status.is_redirection() {
+            return Err(Error::Redirect { op });
+        }
+        if status == StatusCode::TOO_MANY_REQUESTS {
+            let wait = retry_after(&resp).unwrap_or(DEFAULT_RETRY_AFTER).min(MAX_RETRY_AFTER);
+            self.pacer.pause_until(Instant::now() + wait);
+        }
+        Err(Error::Api { status: status.as_u16(), op })
+    }
+
+    /// `POST /sandboxes/{id}/processes`. Besides the result, says whether a failed creation
+    /// may have reached the server (then a process may exist): true once the request was
+    /// handed to the connection, unless the answer proves it was refused (4xx) or the
+    /// connection was never made.
+    pub async fn create_process(&self, sandbox_id: &str, body: Value, ctx: &Ctx) -> (Result<Map<String, Value>>, bool) {
+        let path = format!("/sandboxes/{sandbox_id}/processes");
+        let op = Operation::ProcessCreation;
+        let body = Body::Json(body);
+        let mut attempt = 0;
+        loop {
+            if let Err(e) = self.pacer.acquire(ctx).await {
+                return (Err(e), false);
+            }
+            let started = Instant::now();
+            let result = match self.transmit(op, &Method::POST, &path, &body, ctx, Some(self.request_timeout)).await {
+                Ok(resp) => read_envelope(resp, op, ctx, self.request_timeout.saturating_sub(started.elapsed())).await,
+                Err(e) => Err(e),
+            };
+            let maybe_created = match &result {
+                Ok(_) => return (result, true),
+                Err(Error::Api { status, .. }) => *status >= 500,
+                Err(Error::Connection { maybe_sent, .. }) => *maybe_sent,
+                Err(Error::Redirect { .. } | Error::Input(_) | Error::Internal(_)) => false,
+                Err(_) => true, // an abort in flight, or a 2xx whose body broke
+            };
+            attempt += 1;
+            let err = result.expect_err("handled above");
+            if attempt > MAX_RETRIES || !retryable(&err, &Method::POST, Retry::Creation) {
+                return (Err(err), maybe_created);
+            }
+        }
+    }
+
+    /// Sends with the retry rules; returns a 2xx response.
+    pub async fn send(
+        &self,
+        op: Operation,
+        method: Method,
+        path: &str,
+        body: Body,
+        ctx: &Ctx,
+        retry: Retry,
+        timeout: Option<Duration>,
+    ) -> Result<reqwest::Response> {
+        let mut attempt = 0;
+        loop {
+            let result = self.send_once(op, &method, path, &body, ctx, timeout).await;
+            let err = match result {
+                Ok(r) => return Ok(r),
+                Err(e) => e,
+            };
+            attempt += 1;
+            if attempt > MAX_RETRIES || !retryable(&err, &method, retry) {
+                return Err(err);
+            }
+            // 429 waits in the pacer (paused until Retry-After); others back off briefly.
+            if !matches!(err, Error::Api { status: 429, .. }) {
+                ctx.sleep(Duration::from_millis(200 * u64::from(attempt))).await?;
+            }
+        }
+    }
+
+    /// A JSON request; returns the JSend `data` object.
+    pub async fn json(&self, op: Operation, method: Method, path: &str, body: Option<Value>, ctx: &Ctx) -> Result<Map<String, Value>> {
+        self.json_with(op, method, path, body, ctx, Retry::Safe, self.request_timeout).await
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    pub async fn json_with(
+        &self,
+        op: Operation,
+        method: Method,
+        path: &str,
+        body: Option<Value>,
+        ctx: &Ctx,
+        retry: Retry,
+        timeout: Duration,
+    ) -> Result<Map<String, Value>> {
+        let started = Instant::now();
+        let body = body.map_or(Body::Empty, Body::Json);
+        let resp = self.send(op, method, path, body, ctx, retry, Some(timeout)).await?;
+        read_envelope(resp, op, ctx, timeout.saturating_sub(started.elapsed())).await
+    }
+
+    /// Opens a stream (NDJSON); no total timeout, the reader applies an idle timeout.
+    pub async fn open_stream(&self, op: Operation, method: Method, path: &str, body: Body, ctx: &Ctx) -> Result<reqwest::Response> {
+        self.send(op, method, path, body, ctx, Retry::RateLimitOnly, Some(self.request_timeout)).await
+    }
+
+    /// Uploads `bytes` to `path` inside the sandbox (PUT /files).
+    pub async fn put_file(&self, sandbox_id: &str, path: &str, bytes: Bytes, ctx: &Ctx) -> Result<()> {
+        let query: String = url::form_urlencoded::Serializer::new(String::new()).append_pair("path", path).finish();
+        let resp = self
+            .send(
+                Operation::FileTransfer,
+                Method::PUT,
+                &format!("/sandboxes/{sandbox_id}/files?{query}"),
+                Body::Bytes(bytes),
+                ctx,
+                Retry::Safe,
+                Some(self.request_timeout),
+            )
+            .await?;
+        drop(resp);
+        Ok(())
+    }
+}
+
+fn retryable(err: &Error, method: &Method, retry: Retry) -> bool {
+    let idempotent = matches!(*method, Method::GET | Method::PUT | Method::DELETE | Method::HEAD);
+    match (err, retry) {
+        (Error::Api { status: 429, .. }, _) => true,
+        (_, Retry::RateLimitOnly) => false,
+        (Error::Api { status: 503, .. }, Retry::Safe) => true,
+        (Error::Api { status: 502 | 504, .. }, Retry::Safe) => idempotent,
+        (Error::Connection { maybe_sent: false, .. }, Retry::Safe) => true,
+        (Error::Connection { maybe_sent: true, .. }, Retry::Safe) => idempotent,
+        _ => false,
+    }
+}
+
+/// `Retry-After` as delta-seconds or an HTTP date.
+fn retry_after(resp: &reqwest::Response) -> Option<Duration> {
+    let v = resp.headers().get(RETRY_AFTER)?.to_str().ok()?.trim();
+    if let Ok(secs) = v.parse::<u64>() {
+        return Some(Duration::from_secs(secs));
+    }
+    let when = httpdate_parse(v)?;
+    Some(when.duration_since(std::time::SystemTime::now()).unwrap_or(Duration::ZERO))
+}
+
+/// Parses an IMF-fixdate (`Sun, 06 Nov 1994 08:49:37 GMT`).
+fn httpdate_parse(s: &str) -> Option<std::time::SystemTime> {
+    let parts: Vec<&str> = s.split_whitespace().collect();
+    if parts.len() != 6 || parts[5] != "GMT" {
+        return None;
+    }
+    let day: u64 = parts[1].parse().ok()?;
+    let month = ["Jan", "Feb", "Mar", "Apr", "May", "Jun", "Jul", "Aug", "Sep", "Oct", "Nov", "Dec"]
+        .iter()
+        .position(|m| *m == parts[2])? as u64
+        + 1;
+    let year: u64 = parts[3].parse().ok()?;
+    let hms: Vec<u64> = parts[4].split(':').map(|x| x.parse().ok()).collect::<Option<_>>()?;
+    if hms.len() != 3 || year < 1970 {
+        return None;
+    }
+    // Days from civil (Howard Hinnant's algorithm).
+    let (y, m) = if month <= 2 { (year - 1, month + 9) } else { (year, month - 3) };
+    let era = y / 400;
+    let yoe = y - era * 400;
+    let doy = (153 * m + 2) / 5 + day - 1;
+    let doe = yoe * 365 + yoe / 4 - yoe / 100 + doy;
+    let days = era * 146_097 + doe - 719_468;
+    let secs = days * 86_400 + hms[0] * 3600 + hms[1] * 60 + hms[2];
+    Some(std::time::UNIX_EPOCH + Duration::from_secs(secs))
+}
+
+/// Reads a JSON answer (bounded in size and time) and returns its JSend `data`.
+async fn read_envelope(resp: reqwest::Response, op: Operation, ctx: &Ctx, left: Duration) -> Result<Map<String, Value>> {
+    let left = left.max(Duration::from_millis(1));
+    let bytes = ctx
+        .run(async {
+            tokio::time::timeout(left, read_limited(resp, MAX_JSON_BYTES, op))
+                .await
+                .unwrap_or(Err(Error::Connection { op, maybe_sent: true }))
+        })
+        .await?;
+    envelope_data(&bytes)
+}
+
+async fn read_limited(resp: reqwest::Response, limit: usize, op: Operation) -> Result<Vec<u8>> {
+    let mut out = Vec::new();
+    let mut body = resp.bytes_stream();
+    while let Some(chunk) = body.next().await {
+        let chunk = chunk.map_err(|_| Error::Connection { op, maybe_sent: true })?;
+        if out.len() + chunk.len() > limit {
+            return Err(Error::Protocol(INVALID_RESPONSE));
+        }
+        out.extend_from_slice(&chunk);
+    }
+    Ok(out)
+}
+
+/// The `data` object of a JSend success envelope.
+pub fn envelope_data(bytes: &[u8]) -> Result<Map<String, Value>> {
+    let v: Value = serde_json::from_slice(bytes).map_err(|_| Error::Protocol(INVALID_JSON))?;
+    let Value::Object(mut env) = v else { return Err(Error::Protocol(INVALID_JSON)) };
+    if env.get("status").and_then(Value::as_str) != Some("success") {
+        return Err(Error::Protocol(UNSUCCESSFUL));
+    }
+    match env.remove("data") {
+        Some(Value::Object(data)) => Ok(data),
+        _ => Err(Error::Protocol(INVALID_RESPONSE)),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn api_urls() {
+        assert_eq!(api_origin("https://api.sb.createos.sh").unwrap(), "https://api.sb.createos.sh");
+        assert_eq!(api_origin("https://api.sb.createos.sh/v1/").unwrap(), "https://api.sb.createos.sh");
+        assert_eq!(api_origin("http://127.0.0.1:8080").unwrap(), "http://127.0.0.1:8080");
+        assert_eq!(api_origin("http://localhost:1/v1").unwrap(), "http://localhost:1");
+        assert_eq!(api_origin("http://[::1]:9").unwrap(), "http://[::1]:9");
+        for bad in ["http://example.com", "ftp://x", "https://u:p@x.com", "https://x.com/?k=1", "https://x.com/#f", "https://x.com/api", "nope", ""] {
+            assert!(matches!(api_origin(bad), Err(Error::Input(INVALID_URL))), "{bad}");
+        }
+    }
+
+    #[test]
+    fn identifiers() {
+        assert!(is_identifier("sb-01H_x"));
+        assert!(!is_identifier(""));
+        assert!(!is_identifier("a/b"));
+        assert!(!is_identifier(&"a".repeat(201)));
+        assert!(is_identifier(&"a".repeat(200)));
+    }
+
+    #[test]
+    fn envelopes() {
+        assert_eq!(envelope_data(br#"{"status":"success","data":{"a":1}}"#).unwrap()["a"], 1);
+        assert!(matches!(envelope_data(b"nope"), Err(Error::Protocol(INVALID_JSON))));
+        assert!(matches!(envelope_data(br#"{"status":"fail","data":{}}"#), Err(Error::Protocol(UNSUCCESSFUL))));
+        assert!(matches!(envelope_data(br#"{"status":"success","data":[1]}"#), Err(Error::Protocol(INVALID_RESPONSE))));
+    }
+
+    #[test]
+    fn retry_rules() {
+        let api = |status| Error::Api { status, op: Operation::ProcessCreation };
+        assert!(retryable(&api(429), &Method::POST, Retry::Creation));
+        assert!(!retryable(&api(503), &Method::POST, Retry::Creation));
+        assert!(retryable(&api(503), &Method::POST, Retry::Safe));
+        assert!(!retryable(&api(502), &Method::POST, Retry::Safe));
+        assert!(retryable(&api(502), &Method::DELETE, Retry::Safe));
+        assert!(!retryable(&api(500), &Method::GET, Retry::Safe));
+        assert!(!retryable(&api(404), &Method::GET, Retry::Safe));
+        assert!(!retryable(&api(503), &Method::GET, Retry::RateLimitOnly));
+        let conn = |maybe_sent| Error::Connection { op: Operation::ProcessCreation, maybe_sent };
+        assert!(!retryable(&conn(true), &Method::POST, Retry::Creation));
+        assert!(retryable(&conn(true), &Method::GET, Retry::Safe));
+    }
+
+    #[test]
+    fn http_dates() {
+        let t = httpdate_parse("Sun, 06 Nov 1994 08:49:37 GMT").unwrap();
+        assert_eq!(t.duration_since(std::time::UNIX_EPOCH).unwrap().as_secs(), 784_111_777);
+        assert!(httpdate_parse("soon").is_none());
+    }
+}

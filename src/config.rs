@@ -1,0 +1,227 @@
+//! The caller's input, checked before anything is sent: the client configuration (from
+//! `client.config` plus the key) and the command parameters. All checks on input live here
+//! and in `script.rs` (which owns the rules for command words and environment names).
+
+use std::time::Duration;
+
+use serde_json::{Map, Value};
+
+use crate::cleanup::CleanupPolicy;
+use crate::client::{self, Client};
+use crate::error::{Error, Result};
+use crate::follow::FollowOptions;
+use crate::pacer::PacingMode;
+use crate::script;
+
+pub const INVALID_SANDBOX_ID: &str = "Invalid sandbox ID.";
+pub const INVALID_PROCESS_ID: &str = "Invalid process ID.";
+pub const INVALID_TIMEOUT: &str = "timeoutMs must be an integer between 1 and 86400000.";
+pub const INVALID_ARGS: &str = "Sandbox command arguments must be an array of strings.";
+pub const INVALID_CWD: &str = "The sandbox working directory must be a string.";
+pub const INVALID_STDIN: &str = "Sandbox stdin must be a string.";
+pub const INVALID_PACING: &str = "pacing must be 'window', 'spacing', 'off' or an object { limit, windowMs } or { intervalMs }.";
+pub const INVALID_GRACE: &str = "cleanupGraceMs must be a non-empty array of integers between 0 and 600000.";
+pub const INVALID_DEADLINE: &str = "cleanupDeadlineMs must be an integer between 1 and 86400000.";
+pub const INVALID_LEFTOVER: &str = "leftoverProcesses must be 'keep' or 'terminate'.";
+pub const INVALID_IDLE: &str = "streamIdleTimeoutMs must be an integer between 1000 and 3600000.";
+pub const INVALID_CONFIG: &str = "CreateOS client configuration must be an object.";
+pub const INVALID_PARAMS: &str = "Sandbox command parameters must be an object.";
+
+/// What to do with processes a command leaves behind after it exits.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Leftover {
+    #[default]
+    Keep,
+    Terminate,
+}
+
+pub struct Config {
+    pub api_url: String,
+    pub api_key: String,
+    pub timeout: Duration,
+    pub pacing: PacingMode,
+    pub cleanup: CleanupPolicy,
+    pub leftover: Leftover,
+    pub follow: FollowOptions,
+}
+
+impl Config {
+    pub fn client(&self) -> Result<Client> {
+        Client::new(&self.api_url, &self.api_key, self.timeout, self.pacing)
+    }
+}
+
+fn integer(v: &Value, min: u64, max: u64) -> Option<u64> {
+    let n = v.as_f64()?;
+    (n.fract() == 0.0 && n >= min as f64 && n <= max as f64).then_some(n as u64)
+}
+
+fn opt<'a>(m: &'a Map<String, Value>, key: &str) -> Option<&'a Value> {
+    m.get(key).filter(|v| !v.is_null())
+}
+
+/// Parses the client object index.js builds: `{ apiUrl, apiKey, timeoutMs, ...options }`.
+pub fn parse_config(v: &Value) -> Result<Config> {
+    let m = v.as_object().ok_or(Error::Input(INVALID_CONFIG))?;
+    let api_url = opt(m, "apiUrl").and_then(Value::as_str).ok_or(Error::Input(client::INVALID_URL))?;
+    client::api_origin(api_url)?;
+    let api_key = opt(m, "apiKey").and_then(Value::as_str).unwrap_or("").trim().to_owned();
+    let timeout_ms = match opt(m, "timeoutMs") {
+        None => 300_000,
+        Some(t) => integer(t, 1, 86_400_000).ok_or(Error::Input(INVALID_TIMEOUT))?,
+    };
+    let pacing = match opt(m, "pacing") {
+        None => PacingMode::default(),
+        Some(Value::String(s)) => match s.as_str() {
+            "window" => PacingMode::default(),
+            "spacing" => PacingMode::spacing_default(),
+            "off" => PacingMode::Off,
+            _ => return Err(Error::Input(INVALID_PACING)),
+        },
+        Some(Value::Object(p)) => {
+            if let Some(i) = opt(p, "intervalMs") {
+                let ms = integer(i, 0, 600_000).ok_or(Error::Input(INVALID_PACING))?;
+                PacingMode::Spacing { interval: Duration::from_millis(ms) }
+            } else {
+                let limit = opt(p, "limit").and_then(|l| integer(l, 1, 1_000_000)).ok_or(Error::Input(INVALID_PACING))?;
+                let window = opt(p, "windowMs").map_or(Some(60_000), |w| integer(w, 1, 3_600_000)).ok_or(Error::Input(INVALID_PACING))?;
+                PacingMode::Window { limit: limit as usize, window: Duration::from_millis(window) }
+            }
+        }
+        Some(_) => return Err(Error::Input(INVALID_PACING)),
+    };
+    let mut cleanup = CleanupPolicy { deadline: Duration::from_millis(timeout_ms), ..CleanupPolicy::default() };
+    if let Some(g) = opt(m, "cleanupGraceMs") {
+        let graces = g.as_array().filter(|a| !a.is_empty() && a.len() <= 16).ok_or(Error::Input(INVALID_GRACE))?;
+        cleanup.graces_ms = graces.iter().map(|x| integer(x, 0, 600_000)).collect::<Option<_>>().ok_or(Error::Input(INVALID_GRACE))?;
+    }
+    if let Some(d) = opt(m, "cleanupDeadlineMs") {
+        cleanup.deadline = Duration::from_millis(integer(d, 1, 86_400_000).ok_or(Error::Input(INVALID_DEADLINE))?);
+    }
+    if let Some(c) = opt(m, "confirmPollMs") {
+        cleanup.confirm_ms = integer(c, 1, 600_000).ok_or(Error::Input(INVALID_DEADLINE))?;
+    }
+    cleanup.legacy = opt(m, "legacyCleanup").and_then(Value::as_bool).unwrap_or(false);
+    let leftover = match opt(m, "leftoverProcesses").map(|v| v.as_str()) {
+        None | Some(Some("keep")) => Leftover::Keep,
+        Some(Some("terminate")) => Leftover::Terminate,
+        _ => return Err(Error::Input(INVALID_LEFTOVER)),
+    };
+    let mut follow = FollowOptions { request_timeout: Duration::from_millis(timeout_ms), ..FollowOptions::default() };
+    if let Some(i) = opt(m, "streamIdleTimeoutMs") {
+        follow.idle_timeout = Duration::from_millis(integer(i, 1000, 3_600_000).ok_or(Error::Input(INVALID_IDLE))?);
+    }
+    Ok(Config { api_url: api_url.to_owned(), api_key, timeout: Duration::from_millis(timeout_ms), pacing, cleanup, leftover, follow })
+}
+
+/// A command to run.
+#[derive(Debug, Clone, Default)]
+pub struct Params {
+    pub sandbox_id: String,
+    pub command: String,
+    pub args: Vec<String>,
+    pub cwd: Option<String>,
+    pub env: Vec<(String, String)>,
+    pub stdin: Option<String>,
+}
+
+impl Params {
+    pub fn command(&self) -> script::Command<'_> {
+        script::Command { command: &self.command, args: &self.args, cwd: self.cwd.as_deref(), env: &self.env }
+    }
+}
+
+pub fn sandbox_id(v: Option<&Value>) -> Result<String> {
+    match v.and_then(Value::as_str) {
+        Some(s) if client::is_identifier(s) => Ok(s.to_owned()),
+        _ => Err(Error::Input(INVALID_SANDBOX_ID)),
+    }
+}
+
+pub fn process_id(v: Option<&Value>) -> Result<String> {
+    match v.and_then(Value::as_str) {
+        Some(s) if client::is_identifier(s) => Ok(s.to_owned()),
+        _ => Err(Error::Input(INVALID_PROCESS_ID)),
+    }
+}
+
+/// Parses `{ sandboxId, command, args?, cwd?, env?, stdin? }` and checks every value.
+pub fn parse_params(v: &Value) -> Result<Params> {
+    let m = v.as_object().ok_or(Error::Input(INVALID_PARAMS))?;
+    let sandbox_id = sandbox_id(m.get("sandboxId"))?;
+    let command = match opt(m, "command") {
+        Some(Value::String(s)) if !s.is_empty() => s.clone(),
+        _ => return Err(Error::Input(script::COMMAND_REQUIRED)),
+    };
+    let args = match opt(m, "args") {
+        None => vec![],
+        Some(Value::Array(a)) => a.iter().map(|x| x.as_str().map(str::to_owned)).collect::<Option<_>>().ok_or(Error::Input(INVALID_ARGS))?,
+        Some(_) => return Err(Error::Input(INVALID_ARGS)),
+    };
+    let cwd = match opt(m, "cwd") {
+        None => None,
+        Some(Value::String(s)) => Some(s.clone()).filter(|s| !s.is_empty()),
+        Some(_) => return Err(Error::Input(INVALID_CWD)),
+    };
+    let env = match opt(m, "env") {
+        None => vec![],
+        Some(Value::Object(e)) => e
+            .iter()
+            .map(|(k, v)| v.as_str().map(|s| (k.clone(), s.to_owned())))
+            .collect::<Option<_>>()
+            .ok_or(Error::Input(script::INVALID_ENV))?,
+        Some(_) => return Err(Error::Input(script::INVALID_ENV)),
+    };
+    let stdin = match opt(m, "stdin") {
+        None => None,
+        Some(Value::String(s)) => Some(s.clone()),
+        Some(_) => return Err(Error::Input(INVALID_STDIN)),
+    };
+    let p = Params { sandbox_id, command, args, cwd, env, stdin };
+    script::validate(&p.command())?;
+    if p.stdin.as_deref().is_some_and(|s| s.contains('\0')) {
+        // Staged as a file, so NUL would be fine on the wire; the TypeScript module's rule
+        // ("NUL anywhere is rejected") is kept for every value the caller passes.
+        return Err(Error::Input(script::NUL_IN_VALUE));
+    }
+    Ok(p)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    #[test]
+    fn config_defaults_and_errors() {
+        let c = parse_config(&json!({"apiUrl": "http://127.0.0.1:1", "apiKey": "k"})).unwrap();
+        assert_eq!(c.timeout, Duration::from_secs(300));
+        assert_eq!(c.pacing, PacingMode::default());
+        assert_eq!(c.cleanup.graces_ms, vec![1000, 5000]);
+        assert!(parse_config(&json!({"apiUrl": "http://example.com"})).is_err());
+        assert!(parse_config(&json!({"apiUrl": "https://x.io", "timeoutMs": 0})).is_err());
+        assert!(parse_config(&json!({"apiUrl": "https://x.io", "pacing": "fast"})).is_err());
+        let c = parse_config(&json!({"apiUrl": "https://x.io", "pacing": {"intervalMs": 300}, "cleanupGraceMs": [100, 200], "legacyCleanup": true})).unwrap();
+        assert_eq!(c.pacing, PacingMode::Spacing { interval: Duration::from_millis(300) });
+        assert!(c.cleanup.legacy);
+    }
+
+    #[test]
+    fn params_are_checked() {
+        let ok = json!({"sandboxId": "sb-1", "command": "echo", "args": ["a"], "env": {"A": "b"}, "stdin": "x"});
+        assert_eq!(parse_params(&ok).unwrap().args, vec!["a"]);
+        for bad in [
+            json!({"sandboxId": "sb/1", "command": "echo"}),
+            json!({"command": "echo"}),
+            json!({"sandboxId": "sb", "command": ""}),
+            json!({"sandboxId": "sb", "command": "echo", "env": {"A-B": "x"}}),
+            json!({"sandboxId": "sb", "command": "echo", "env": {"A": 1}}),
+            json!({"sandboxId": "sb", "command": "echo", "args": [1]}),
+            json!({"sandboxId": "sb", "command": "echo", "cwd": 5}),
+            json!({"sandboxId": "sb", "command": "ec\u{0}ho"}),
+            json!({"sandboxId": "sb", "command": "echo", "stdin": "a\u{0}"}),
+        ] {
+            assert!(matches!(parse_params(&bad), Err(Error::Input(_))), "{bad}");
+        }
+    }
+}

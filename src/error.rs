@@ -1,0 +1,158 @@
+//! The one error type of the crate.
+//!
+//! Every message is fixed text: no URL, query, body, key or provider text ever reaches it.
+//! Variants carry data (status, operation, cleanup report) so the JS edge can build the right
+//! class; the JS edge is the only place that turns a variant into a JS error.
+
+use std::fmt;
+
+/// A fixed label for each kind of request, used in error messages instead of the URL.
+/// The labels of operations the TypeScript module had are its labels, word for word.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Operation {
+    FileTransfer,
+    ProcessCreation,
+    StdinClose,
+    OutputConnection,
+    ProcessCleanup,
+    ProcessStatus,
+    WorkspaceCommand,
+    SandboxLifecycle,
+}
+
+impl Operation {
+    pub fn label(self) -> &'static str {
+        match self {
+            Operation::FileTransfer => "file transfer",
+            Operation::ProcessCreation => "process creation",
+            Operation::StdinClose => "stdin close",
+            Operation::OutputConnection => "output connection",
+            Operation::ProcessCleanup => "process cleanup",
+            Operation::ProcessStatus => "process status",
+            Operation::WorkspaceCommand => "workspace command",
+            Operation::SandboxLifecycle => "sandbox lifecycle",
+        }
+    }
+}
+
+impl fmt::Display for Operation {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.label())
+    }
+}
+
+/// Why containment could not be proven.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum CleanupReason {
+    CreationUnconfirmed,
+    TerminationUnconfirmed,
+}
+
+impl CleanupReason {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            CleanupReason::CreationUnconfirmed => "creation-unconfirmed",
+            CleanupReason::TerminationUnconfirmed => "termination-unconfirmed",
+        }
+    }
+}
+
+/// One step of a cleanup or recovery, with what it got. `outcome` is built only from fixed
+/// words and numbers (statuses, booleans), never from provider text.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Attempt {
+    pub step: &'static str,
+    pub grace_ms: Option<u64>,
+    pub outcome: String,
+    pub at_ms: f64,
+}
+
+/// What a host needs to react to an unproven containment.
+#[derive(Debug, Clone, PartialEq)]
+pub struct CleanupReport {
+    pub reason: CleanupReason,
+    pub sandbox_id: String,
+    pub process_id: Option<String>,
+    pub attempts: Vec<Attempt>,
+}
+
+pub const CREATION_UNCONFIRMED: &str =
+    "CreateOS process creation could not be confirmed; destroy the lease before reusing it.";
+pub const TERMINATION_UNCONFIRMED: &str =
+    "CreateOS command cleanup failed; process termination is unconfirmed.";
+pub const CANCELLED: &str = "CreateOS command was cancelled.";
+
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    /// Bad input from the caller, found before any request is sent.
+    #[error("{0}")]
+    Input(&'static str),
+    /// The server answered a non-2xx status.
+    #[error("CreateOS request failed (HTTP {status}) during {op}.")]
+    Api { status: u16, op: Operation },
+    /// No usable answer: the connection failed, was reset, or timed out.
+    #[error("CreateOS connection failed.")]
+    Connection { op: Operation, maybe_sent: bool },
+    /// A 3xx answer. Redirects are refused, never followed.
+    #[error("CreateOS answered with a redirect, which is refused.")]
+    Redirect { op: Operation },
+    /// The answer or the stream broke the protocol (fixed messages, see `stream.rs`).
+    #[error("{0}")]
+    Protocol(&'static str),
+    /// The caller's signal fired with a reason other than a timeout.
+    #[error("CreateOS command was cancelled.")]
+    Cancelled,
+    /// The caller's signal fired with a `TimeoutError` reason. `execute` turns this into a
+    /// `timedOut` result; other entry points report it as a cancellation.
+    #[error("CreateOS command timed out.")]
+    TimedOut,
+    /// Containment is unproven: the host must destroy the sandbox.
+    #[error("{}", cleanup_message(.0.reason))]
+    Cleanup(Box<CleanupReport>),
+    /// A bug of ours (a panic, an impossible state). Fixed text only.
+    #[error("createos-execute internal error: {0}.")]
+    Internal(&'static str),
+}
+
+fn cleanup_message(reason: CleanupReason) -> &'static str {
+    match reason {
+        CleanupReason::CreationUnconfirmed => CREATION_UNCONFIRMED,
+        CleanupReason::TerminationUnconfirmed => TERMINATION_UNCONFIRMED,
+    }
+}
+
+impl Error {
+    /// The HTTP status, for API errors.
+    pub fn status(&self) -> Option<u16> {
+        match self {
+            Error::Api { status, .. } => Some(*status),
+            _ => None,
+        }
+    }
+
+    /// True when the caller's signal ended the work (timed out or cancelled).
+    pub fn is_abort(&self) -> bool {
+        matches!(self, Error::Cancelled | Error::TimedOut)
+    }
+}
+
+pub type Result<T, E = Error> = std::result::Result<T, E>;
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn messages_are_fixed_and_match_the_typescript_module() {
+        let e = Error::Api { status: 503, op: Operation::ProcessCleanup };
+        assert_eq!(e.to_string(), "CreateOS request failed (HTTP 503) during process cleanup.");
+        let report = CleanupReport {
+            reason: CleanupReason::TerminationUnconfirmed,
+            sandbox_id: "sb".into(),
+            process_id: None,
+            attempts: vec![],
+        };
+        assert_eq!(Error::Cleanup(Box::new(report)).to_string(), TERMINATION_UNCONFIRMED);
+        assert_eq!(Error::Cancelled.to_string(), CANCELLED);
+    }
+}

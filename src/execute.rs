@@ -1,0 +1,354 @@
+//! The orchestration of one command, and the other entry points the binding exposes.
+//!
+//! `execute` (managed process):
+//! 1. stage stdin as a file (PUT /files), if there is stdin;
+//! 2. create `/bin/bash -lc <script>` (POST /processes); the script waits for a start gate;
+//! 3. follow `connect?after=<cursor>`; once attached, upload the gate (PUT /files);
+//! 4. on the exit frame: done (the script already removed the gate and the staged stdin).
+//!
+//! On every other path the process is terminated and proven gone (`cleanup.rs`, under a fresh
+//! deadline) and staged files are removed. An abort is acted on at once: a timeout resolves a
+//! `timedOut` result with the output so far, any other abort is a cancellation.
+
+use std::sync::atomic::{AtomicBool, Ordering};
+
+use bytes::Bytes;
+use futures_util::StreamExt;
+use reqwest::Method;
+use serde_json::{json, Value};
+use tokio::sync::{mpsc, oneshot};
+
+use crate::abort::{Abort, Ctx};
+use crate::cleanup::{self, Steps};
+use crate::client::{self, Body, Client};
+use crate::config::{Config, Leftover, Params};
+use crate::error::{CleanupReason, Error, Operation, Result};
+use crate::follow::{self, Followed, Sink};
+use crate::output::{self, Captured, LogLine, Output};
+use crate::pacer;
+use crate::script::{self, Gate};
+use crate::stream::{self, LineSplitter, StreamKind};
+
+pub const INVALID_RESOURCE_ID: &str = "CreateOS returned an invalid resource ID.";
+pub const EXEC_STREAM_ENDED: &str = "CreateOS command stream ended without an exit status.";
+
+/// What `execute` and `executeStream` resolve to.
+#[derive(Debug, Clone, PartialEq, Default)]
+pub struct ExecuteResult {
+    pub exit_code: Option<i32>,
+    pub signal: Option<String>,
+    pub timed_out: bool,
+    pub stdout: String,
+    pub stderr: String,
+    pub process_id: Option<String>,
+    pub output_truncated: bool,
+    /// Whether the process tree had exited when the command finished (None = unknown).
+    pub tree_exited: Option<bool>,
+}
+
+impl ExecuteResult {
+    fn timed_out(captured: Captured, process_id: Option<String>) -> Self {
+        ExecuteResult {
+            timed_out: true,
+            stdout: captured.stdout,
+            stderr: captured.stderr,
+            output_truncated: captured.truncated,
+            process_id,
+            ..Default::default()
+        }
+    }
+}
+
+/// What happened so far, for the cleanup decision.
+#[derive(Default)]
+struct Progress {
+    staged: bool,
+    process_id: Option<String>,
+    /// POST /processes failed in a way that does not prove nothing was created.
+    creation_ambiguous: bool,
+    completed: bool,
+}
+
+/// Writes followed output into the capture and reports the first attach.
+struct CaptureSink<'a> {
+    output: &'a mut Output,
+    connected: Option<oneshot::Sender<()>>,
+}
+
+impl Sink for CaptureSink<'_> {
+    fn connected(&mut self) {
+        if let Some(tx) = self.connected.take() {
+            let _ = tx.send(());
+        }
+    }
+
+    async fn data(&mut self, stream: StreamKind, bytes: Vec<u8>) -> Result<()> {
+        let stream = output::pipe_stream(stream)?;
+        self.output.write(stream, &bytes).await
+    }
+}
+
+/// Runs one command through a managed process. See the module doc.
+pub async fn execute(cfg: &Config, params: &Params, abort: Abort, log: Option<mpsc::Sender<LogLine>>) -> Result<ExecuteResult> {
+    let client = cfg.client()?;
+    let ctx = Ctx::new(abort.clone());
+    let mut output = Output::new(log);
+    if abort.is_aborted() {
+        // Nothing is sent for an already aborted signal.
+        return aborted(&abort, output.finish().await, None);
+    }
+    let token = uuid::Uuid::new_v4().simple().to_string();
+    let stdin_path = params.stdin.as_ref().map(|_| format!("/tmp/createos-stdin-{token}"));
+    let gate_path = format!("/tmp/createos-start-{token}");
+    let gate_timeout_s = cfg.timeout.as_secs() + 60;
+    let script = script::command_script(
+        &params.command(),
+        Some(&Gate { gate_path: &gate_path, stdin_path: stdin_path.as_deref(), timeout_s: gate_timeout_s }),
+    )?;
+    let mut progress = Progress::default();
+    let run = run_managed(&client, cfg, params, &ctx, &script, &gate_path, stdin_path.as_deref(), &mut output, &mut progress).await;
+    let sb = params.sandbox_id.as_str();
+    match run {
+        Ok(mut result) => {
+            let captured = output.finish().await;
+            result.stdout = captured.stdout;
+            result.stderr = captured.stderr;
+            result.output_truncated = captured.truncated;
+            Ok(result)
+        }
+        Err(err) => {
+            let mut steps = Steps::new();
+            let mut files: Vec<&str> = Vec::new();
+            if progress.staged || progress.process_id.is_some() || progress.creation_ambiguous {
+                files.push(&gate_path);
+                files.extend(stdin_path.as_deref());
+            }
+            let contained = if let Some(pid) = &progress.process_id {
+                cleanup::terminate(&client, sb, pid, &cfg.cleanup, &mut steps)
+                    .await
+                    .map_err(|_| CleanupReason::TerminationUnconfirmed)
+            } else if progress.creation_ambiguous {
+                if cfg.cleanup.legacy {
+                    Err(CleanupReason::CreationUnconfirmed)
+                } else {
+                    cleanup::recover_creation(&client, sb, &gate_path, &cfg.cleanup, &mut steps)
+                        .await
+                        .map(|_| ())
+                        .map_err(|_| CleanupReason::CreationUnconfirmed)
+                }
+            } else {
+                Ok(())
+            };
+            cleanup::remove_files(&client, sb, &files, cfg.cleanup.deadline).await;
+            if let Err(reason) = contained {
+                return Err(steps.report(reason, sb, progress.process_id.as_deref()));
+            }
+            if abort.is_aborted() {
+                return aborted(&abort, output.finish().await, progress.process_id);
+            }
+            Err(err)
+        }
+    }
+}
+
+/// The outcome of an abort: a timeout is a result, a cancellation an error.
+fn aborted(abort: &Abort, captured: Captured, process_id: Option<String>) -> Result<ExecuteResult> {
+    match abort.error() {
+        Error::TimedOut => Ok(ExecuteResult::timed_out(captured, process_id)),
+        e => Err(e),
+    }
+}
+
+#[allow(clippy::too_many_arguments)]
+async fn run_managed(
+    client: &Client,
+    cfg: &Config,
+    params: &Params,
+    ctx: &Ctx,
+    script: &str,
+    gate_path: &str,
+    stdin_path: Option<&str>,
+    output: &mut Output,
+    progress: &mut Progress,
+) -> Result<ExecuteResult> {
+    let sb = params.sandbox_id.as_str();
+    if let (Some(path), Some(stdin)) = (stdin_path, params.stdin.as_ref()) {
+        progress.staged = true;
+        client.put_file(sb, path, Bytes::copy_from_slice(stdin.as_bytes()), ctx).await?;
+    }
+    let (created, maybe_created) = client.create_process(sb, json!({ "cmd": "/bin/bash", "args": ["-lc", script] }), ctx).await;
+    let created = created.inspect_err(|_| progress.creation_ambiguous = maybe_created)?;
+    let pid = match created.get("process_id").and_then(Value::as_str) {
+        Some(id) if client::is_identifier(id) => id.to_owned(),
+        _ => {
+            progress.creation_ambiguous = true;
+            return Err(Error::Protocol(INVALID_RESOURCE_ID));
+        }
+    };
+    progress.process_id = Some(pid.clone());
+
+    let (tx, rx) = oneshot::channel();
+    let mut sink = CaptureSink { output, connected: Some(tx) };
+    let gate_sent = AtomicBool::new(false);
+    let followed: Followed = {
+        let following = follow::follow(client, sb, &pid, ctx, &mut sink, &cfg.follow);
+        let gate = async {
+            // The sender lives in the sink, which outlives this join: `rx` fails only if
+            // following ended, and then `try_join` has already returned.
+            if rx.await.is_ok() {
+                client.put_file(sb, gate_path, Bytes::new(), ctx).await?;
+                gate_sent.store(true, Ordering::SeqCst);
+            }
+            Ok::<(), Error>(())
+        };
+        let (followed, ()) = tokio::try_join!(following, gate)?;
+        followed
+    };
+    progress.completed = true;
+
+    let mut tree_exited = followed.tree_exited;
+    if tree_exited.is_none() {
+        tree_exited = process_tree_exited(client, sb, &pid, ctx).await;
+    }
+    if cfg.leftover == Leftover::Terminate && tree_exited != Some(true) {
+        let mut steps = Steps::new();
+        if cleanup::terminate(client, sb, &pid, &cfg.cleanup, &mut steps).await.is_err() {
+            return Err(steps.report(CleanupReason::TerminationUnconfirmed, sb, Some(&pid)));
+        }
+    }
+    Ok(ExecuteResult {
+        exit_code: followed.exit.exit_code,
+        signal: followed.exit.signal,
+        process_id: Some(pid),
+        tree_exited,
+        ..Default::default()
+    })
+}
+
+/// `tree_exited` of a process record, when the exit frame did not say (None on any failure).
+async fn process_tree_exited(client: &Client, sb: &str, pid: &str, ctx: &Ctx) -> Option<bool> {
+    let data = client
+        .json(Operation::ProcessStatus, Method::GET, &format!("/sandboxes/{sb}/processes/{pid}"), None, ctx)
+        .await
+        .ok()?;
+    data.get("tree_exited").and_then(Value::as_bool)
+}
+
+/// Runs one command through `/exec?stream=true` (no reconnect, no process id: a dropped
+/// stream cannot be resumed).
+pub async fn execute_stream(cfg: &Config, params: &Params, abort: Abort, log: Option<mpsc::Sender<LogLine>>) -> Result<ExecuteResult> {
+    let client = cfg.client()?;
+    let ctx = Ctx::new(abort.clone());
+    let mut output = Output::new(log);
+    if abort.is_aborted() {
+        return aborted(&abort, output.finish().await, None);
+    }
+    let script = script::command_script(&params.command(), None)?;
+    let run = run_stream(&client, cfg, params, &ctx, &script, &mut output).await;
+    match run {
+        Ok(exit_code) => {
+            let c = output.finish().await;
+            Ok(ExecuteResult { exit_code: Some(exit_code), stdout: c.stdout, stderr: c.stderr, output_truncated: c.truncated, ..Default::default() })
+        }
+        Err(_) if abort.is_aborted() => aborted(&abort, output.finish().await, None),
+        Err(e) => Err(e),
+    }
+}
+
+async fn run_stream(client: &Client, cfg: &Config, params: &Params, ctx: &Ctx, script: &str, output: &mut Output) -> Result<i32> {
+    let mut body = json!({ "cmd": "/bin/bash", "args": ["-lc", script], "stream": true });
+    if let Some(stdin) = &params.stdin {
+        body["stdin"] = Value::from(stdin.as_str());
+    }
+    let path = format!("/sandboxes/{}/exec?stream=true", params.sandbox_id);
+    let resp = client.open_stream(Operation::WorkspaceCommand, Method::POST, &path, Body::Json(body), ctx).await?;
+    let mut bytes = resp.bytes_stream();
+    let mut lines = LineSplitter::new();
+    let idle = cfg.follow.idle_timeout;
+    loop {
+        let next = ctx.run(async { Ok(tokio::time::timeout(idle, bytes.next()).await) }).await?;
+        let ended = match next {
+            Ok(Some(Ok(chunk))) => {
+                lines.push(&chunk);
+                false
+            }
+            Ok(None) => true,
+            Err(_) | Ok(Some(Err(_))) => return Err(Error::Connection { op: Operation::WorkspaceCommand, maybe_sent: true }),
+        };
+        loop {
+            let line = if ended { lines.finish()? } else { lines.next_line()? };
+            let Some(line) = line else { break };
+            let Some(payload) = stream::payload(&line) else { continue };
+            let frame = stream::parse_exec_frame(payload)?;
+            if let Some(s) = &frame.stdout {
+                output.write(StreamKind::Stdout, s.as_bytes()).await?;
+            }
+            if let Some(s) = &frame.stderr {
+                output.write(StreamKind::Stderr, s.as_bytes()).await?;
+            }
+            if frame.error {
+                return Err(Error::Protocol(stream::EXEC_STREAM_ERROR));
+            }
+            if let Some(code) = frame.exit_code {
+                return Ok(code);
+            }
+            if ended {
+                break;
+            }
+        }
+        if ended {
+            return Err(Error::Protocol(EXEC_STREAM_ENDED));
+        }
+    }
+}
+
+/// What `followProcess` reports to its caller.
+pub enum FollowEvent {
+    Connected,
+    Data(StreamKind, Vec<u8>),
+}
+
+struct ChannelSink(mpsc::Sender<FollowEvent>);
+
+impl Sink for ChannelSink {
+    fn connected(&mut self) {
+        let _ = self.0.try_send(FollowEvent::Connected);
+    }
+
+    async fn data(&mut self, stream: StreamKind, bytes: Vec<u8>) -> Result<()> {
+        let _ = self.0.send(FollowEvent::Data(stream, bytes)).await;
+        Ok(())
+    }
+}
+
+/// Follows a process the host created itself.
+pub async fn follow_process(
+    cfg: &Config,
+    sandbox_id: &str,
+    process_id: &str,
+    abort: Abort,
+    events: mpsc::Sender<FollowEvent>,
+) -> Result<stream::ProcessExit> {
+    let client = cfg.client()?;
+    let ctx = Ctx::new(abort);
+    ctx.check()?;
+    let mut sink = ChannelSink(events);
+    let followed = follow::follow(&client, sandbox_id, process_id, &ctx, &mut sink, &cfg.follow).await?;
+    Ok(followed.exit)
+}
+
+/// Destroys a sandbox; 404 counts as success (already gone).
+pub async fn destroy_sandbox(cfg: &Config, sandbox_id: &str) -> Result<()> {
+    let client = cfg.client()?;
+    let ctx = Ctx::cleanup(cfg.cleanup.deadline);
+    match client.json(Operation::SandboxLifecycle, Method::DELETE, &format!("/sandboxes/{sandbox_id}"), None, &ctx).await {
+        Ok(_) | Err(Error::Api { status: 404, .. }) => Ok(()),
+        Err(e) => Err(e),
+    }
+}
+
+/// Waits for a request slot of `api_url`'s origin (shared with every call in the process).
+pub async fn wait_for_request(api_url: &str, mode: pacer::PacingMode, abort: Abort) -> Result<()> {
+    let origin = client::api_origin(api_url)?;
+    pacer::for_origin(&origin, mode).acquire(&Ctx::new(abort)).await
+}

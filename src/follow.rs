@@ -1,0 +1,208 @@
+//! Following a managed process's output: `connect?after=<cursor>`, reconnect and replay,
+//! sequence checks, and exit recovery through `wait?scope=tree`.
+//!
+//! Rules (fail closed): a frame's `seq` must be `cursor + 1` (duplicates `<= cursor` are
+//! skipped, anything else is a gap); an `error` frame, HTTP 410, invalid base64 or an invalid
+//! `seq` end the follow with an error. A stream that ends or breaks without an exit frame is
+//! reconnected from the cursor, at most [`FollowOptions::max_reconnects`] times; then the exit
+//! is recovered with `wait?scope=tree` and accepted only when the journal's `newest_seq`
+//! equals the cursor (after one more round of replays if it does not yet).
+
+use std::future::Future;
+use std::time::Duration;
+
+use futures_util::StreamExt;
+use reqwest::Method;
+use serde_json::{Map, Value};
+
+use crate::abort::Ctx;
+use crate::client::{Body, Client, Retry};
+use crate::error::{Error, Operation, Result};
+use crate::stream::{self, LineSplitter, ProcessExit, ProcessFrame, StreamKind};
+
+pub const CONNECTION_FAILED: &str = "CreateOS process output connection failed.";
+pub const REPLAY_INCOMPLETE: &str = "CreateOS process stream ended before all output could be replayed.";
+pub const JOURNAL_INVALID: &str = "CreateOS process output journal is invalid.";
+pub const SEQUENCE_GAP: &str = "CreateOS process output has a sequence gap.";
+
+/// Where followed output goes.
+pub trait Sink: Send {
+    /// The stream is attached (called on every successful connect).
+    fn connected(&mut self);
+    /// One chunk of output, in sequence order. Waiting here slows the reader.
+    fn data(&mut self, stream: StreamKind, bytes: Vec<u8>) -> impl Future<Output = Result<()>> + Send;
+}
+
+#[derive(Debug, Clone)]
+pub struct FollowOptions {
+    pub max_reconnects: u32,
+    pub reconnect_delay: Duration,
+    /// A stream that carries no byte (not even a heartbeat) for this long is treated as broken.
+    pub idle_timeout: Duration,
+    /// Long-poll budget of one `wait` request.
+    pub wait_timeout_ms: u64,
+    /// How many `wait` long-polls answering 408 are tolerated in one recovery.
+    pub max_wait_polls: u32,
+    /// Per-request timeout for `wait` beyond its long-poll budget.
+    pub request_timeout: Duration,
+}
+
+impl Default for FollowOptions {
+    fn default() -> Self {
+        FollowOptions {
+            max_reconnects: 3,
+            reconnect_delay: Duration::from_millis(250),
+            idle_timeout: Duration::from_secs(30),
+            wait_timeout_ms: 30_000,
+            max_wait_polls: 20,
+            request_timeout: Duration::from_secs(30),
+        }
+    }
+}
+
+/// How the followed process ended, and whether its tree had exited (when the server said).
+#[derive(Debug, Clone, PartialEq, Default)]
+pub struct Followed {
+    pub exit: ProcessExit,
+    pub tree_exited: Option<bool>,
+}
+
+fn process_path(sandbox_id: &str, process_id: &str) -> String {
+    format!("/sandboxes/{sandbox_id}/processes/{process_id}")
+}
+
+/// Follows `process_id` until its exit, delivering every output byte exactly once, in order.
+pub async fn follow(
+    client: &Client,
+    sandbox_id: &str,
+    process_id: &str,
+    ctx: &Ctx,
+    sink: &mut impl Sink,
+    opts: &FollowOptions,
+) -> Result<Followed> {
+    let base = process_path(sandbox_id, process_id);
+    let mut cursor: u64 = 0;
+    let mut reconnects = 0u32;
+    let mut recovered: Option<(Followed, u64)> = None;
+    loop {
+        ctx.check()?;
+        let opened = client
+            .open_stream(Operation::OutputConnection, Method::GET, &format!("{base}/connect?after={cursor}"), Body::Empty, ctx)
+            .await;
+        let broken = match opened {
+            Ok(resp) => {
+                sink.connected();
+                match read_stream(resp, &mut cursor, ctx, sink, opts.idle_timeout).await? {
+                    Some(done) => return Ok(done),
+                    None => true,
+                }
+            }
+            Err(Error::Api { status: 410, .. }) => return Err(Error::Protocol(stream::OUTPUT_EVICTED)),
+            Err(e @ Error::Api { status, .. }) if status < 500 && status != 429 => return Err(e),
+            Err(e @ (Error::Redirect { .. } | Error::Cancelled | Error::TimedOut | Error::Input(_))) => return Err(e),
+            Err(_) => false,
+        };
+        reconnects += 1;
+        if reconnects > opts.max_reconnects {
+            if let Some((done, newest)) = &recovered {
+                if cursor == *newest {
+                    return Ok(done.clone());
+                }
+                return Err(Error::Protocol(REPLAY_INCOMPLETE));
+            }
+            if !broken {
+                return Err(Error::Protocol(CONNECTION_FAILED));
+            }
+            let (done, newest) = recover_exit(client, &base, cursor, ctx, opts).await?;
+            if cursor == newest {
+                return Ok(done);
+            }
+            // The tree is gone and its journal is final: one more round of replays may
+            // still deliver the missing tail.
+            recovered = Some((done, newest));
+            reconnects = 0;
+            ctx.sleep(Duration::from_secs(1)).await?;
+            continue;
+        }
+        ctx.sleep(opts.reconnect_delay).await?;
+    }
+}
+
+/// Reads one connection. `Ok(Some)` on an exit frame, `Ok(None)` when the connection ended
+/// or broke without one, `Err` on a protocol violation or an abort.
+async fn read_stream(
+    resp: reqwest::Response,
+    cursor: &mut u64,
+    ctx: &Ctx,
+    sink: &mut impl Sink,
+    idle: Duration,
+) -> Result<Option<Followed>> {
+    let mut body = resp.bytes_stream();
+    let mut lines = LineSplitter::new();
+    loop {
+        let next = ctx.run(async { Ok(tokio::time::timeout(idle, body.next()).await) }).await?;
+        let chunk = match next {
+            Err(_) => return Ok(None),           // idle: treat as broken
+            Ok(None) => break,                   // ended
+            Ok(Some(Err(_))) => return Ok(None), // broke
+            Ok(Some(Ok(c))) => c,
+        };
+        lines.push(&chunk);
+        while let Some(line) = lines.next_line()? {
+            if let Some(done) = handle_line(&line, cursor, sink).await? {
+                return Ok(Some(done));
+            }
+        }
+    }
+    if let Some(line) = lines.finish()? {
+        if let Some(done) = handle_line(&line, cursor, sink).await? {
+            return Ok(Some(done));
+        }
+    }
+    Ok(None)
+}
+
+async fn handle_line(line: &[u8], cursor: &mut u64, sink: &mut impl Sink) -> Result<Option<Followed>> {
+    let Some(payload) = stream::payload(line) else { return Ok(None) };
+    match stream::parse_process_frame(payload)? {
+        ProcessFrame::Heartbeat => Ok(None),
+        ProcessFrame::Data { seq, stream, bytes } => {
+            if seq <= *cursor {
+                return Ok(None);
+            }
+            if seq != *cursor + 1 {
+                return Err(Error::Protocol(SEQUENCE_GAP));
+            }
+            sink.data(stream, bytes).await?;
+            *cursor = seq;
+            Ok(None)
+        }
+        ProcessFrame::Exit { exit, tree_exited } => Ok(Some(Followed { exit, tree_exited })),
+        ProcessFrame::Error { evicted: true } => Err(Error::Protocol(stream::OUTPUT_EVICTED)),
+        ProcessFrame::Error { evicted: false } => Err(Error::Protocol(stream::STREAM_ERROR)),
+    }
+}
+
+/// Long-polls `wait?scope=tree` (408 = still running, ask again; bounded) and returns the
+/// exit and the journal's `newest_seq`.
+async fn recover_exit(client: &Client, base: &str, cursor: u64, ctx: &Ctx, opts: &FollowOptions) -> Result<(Followed, u64)> {
+    let path = format!("{base}/wait?scope=tree&timeout_ms={}", opts.wait_timeout_ms);
+    let timeout = Duration::from_millis(opts.wait_timeout_ms) + opts.request_timeout;
+    let mut polls = 0;
+    let data = loop {
+        match client.json_with(Operation::ProcessStatus, Method::GET, &path, None, ctx, Retry::Safe, timeout).await {
+            Ok(d) => break d,
+            Err(Error::Api { status: 408, .. }) if polls < opts.max_wait_polls => polls += 1,
+            Err(e) => return Err(e),
+        }
+    };
+    let newest = newest_seq(&data).filter(|n| *n >= cursor).ok_or(Error::Protocol(JOURNAL_INVALID))?;
+    let exit = stream::exit_status(data.get("exit_code").unwrap_or(&Value::Null), data.get("signal").unwrap_or(&Value::Null))?;
+    Ok((Followed { exit, tree_exited: data.get("tree_exited").and_then(Value::as_bool) }, newest))
+}
+
+fn newest_seq(process: &Map<String, Value>) -> Option<u64> {
+    let n = process.get("output")?.get("newest_seq")?;
+    let v = n.as_u64()?;
+    (v <= 9_007_199_254_740_991).then_some(v)
+}
