@@ -224,6 +224,7 @@ impl Client {
     }
 
     /// Sends with the retry rules; returns a 2xx response.
+    #[allow(clippy::too_many_arguments)]
     pub async fn send(
         &self,
         op: Operation,
