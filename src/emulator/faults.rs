@@ -1,0 +1,196 @@
+//! Fault rules: matched per request by one front layer; handlers stay honest.
+
+use serde::Deserialize;
+
+/// A fault rule. JSON example:
+/// `{"route":"connect","skip":1,"times":1,"action":{"kind":"dropAfterFrames","frames":3}}`.
+#[derive(Clone, Debug, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct FaultRule {
+    /// Route name (see [`super::RequestRecord::route`]); `None` = any route the action applies to.
+    pub route: Option<String>,
+    /// HTTP method (case-insensitive); `None` = any.
+    pub method: Option<String>,
+    /// Let the first `skip` matches pass.
+    #[serde(default)]
+    pub skip: u32,
+    /// Apply to this many matches after `skip`; `None` = forever.
+    pub times: Option<u32>,
+    pub action: FaultAction,
+}
+
+impl FaultRule {
+    /// Parse a rule from JSON (the shape shown on [`FaultRule`]).
+    pub fn from_json(s: &str) -> Result<FaultRule, serde_json::Error> {
+        serde_json::from_str(s)
+    }
+}
+
+/// What a matching rule does. Tagged by `kind` (camelCase variant name). Field names are
+/// snake_case; camelCase aliases (`afterHandler`, `afterFrames`, `frameBytes`) are accepted too.
+#[derive(Clone, Debug, Deserialize)]
+#[serde(tag = "kind", rename_all = "camelCase")]
+pub enum FaultAction {
+    /// Answer `status` (JSend body carrying the fake secret `secret-body-token`); with
+    /// `after_handler` the real handler runs first and its answer is discarded.
+    Status {
+        status: u16,
+        #[serde(default, alias = "afterHandler")]
+        after_handler: bool,
+    },
+    /// Close the TCP connection without any response (optionally after the real handler ran).
+    DropConnection {
+        #[serde(default, alias = "afterHandler")]
+        after_handler: bool,
+    },
+    /// Sleep before handling.
+    Delay { ms: u64 },
+    /// Answer 307 with this `Location`.
+    Redirect { location: String },
+    // ---- connect-stream faults (route `connect`; `sseNoise` also applies to `execStream`) ----
+    /// End the stream abruptly (connection aborted, no terminating chunk, no exit frame) after
+    /// N data frames of this connection.
+    DropAfterFrames { frames: u32 },
+    /// Send every data frame twice.
+    DuplicateFrames,
+    /// After N data frames, leave out the next one (a seq gap).
+    GapAfterFrames { frames: u32 },
+    /// After N data frames write one line that is not JSON, then continue.
+    MalformedLine {
+        #[serde(alias = "afterFrames")]
+        after_frames: u32,
+    },
+    /// Interleave SSE noise (`: keep-alive`, `event: x`, `id: 1`, `retry: 5`, blank lines) and
+    /// prefix every frame with `data: `.
+    SseNoise,
+    /// The first data frame carries a `data_base64` that is not valid base64.
+    InvalidBase64,
+    /// The first data frame carries `"seq": -1`.
+    BadSeq,
+    /// Send `{"type":"error","error":<error>}` first, then end the stream.
+    ErrorFrame { error: String },
+    /// First send one heartbeat line longer than 1 MiB (padding field), then continue normally.
+    OversizeFrame,
+    /// Send only heartbeats (every 100 ms) for `ms`, then continue normally.
+    HeartbeatsOnly { ms: u64 },
+    /// Ignore the real process: serve `mib` MiB of data frames of `frame_bytes` raw bytes
+    /// (`'x'`), then an exit frame with code 0. The fake count is recorded on the process so
+    /// `output.newest_seq` agrees later.
+    FastStream {
+        mib: u64,
+        #[serde(alias = "frameBytes")]
+        frame_bytes: usize,
+    },
+    // ---- DELETE faults (route `deleteProcess`) ----
+    /// Answer `tree_exited:false` and do not kill; the tree is reported as not exited until
+    /// `close()`.
+    TreeExitedFalse,
+    /// Answer `tree_exited:false` at once and really SIGKILL the tree `ms` later.
+    TreeExitsAfter { ms: u64 },
+}
+
+impl FaultAction {
+    pub(crate) fn applies_to(&self, route: &str) -> bool {
+        use FaultAction::*;
+        match self {
+            Status { .. } | DropConnection { .. } | Delay { .. } | Redirect { .. } => true,
+            SseNoise => route == "connect" || route == "execStream",
+            DropAfterFrames { .. }
+            | DuplicateFrames
+            | GapAfterFrames { .. }
+            | MalformedLine { .. }
+            | InvalidBase64
+            | BadSeq
+            | ErrorFrame { .. }
+            | OversizeFrame
+            | HeartbeatsOnly { .. }
+            | FastStream { .. } => route == "connect",
+            TreeExitedFalse | TreeExitsAfter { .. } => route == "deleteProcess",
+        }
+    }
+}
+
+/// Faults that shape a connect (or exec) stream.
+#[derive(Clone, Debug, Default)]
+pub(crate) struct StreamFaults {
+    pub drop_after: Option<u32>,
+    pub duplicate: bool,
+    pub gap_after: Option<u32>,
+    pub malformed_after: Option<u32>,
+    pub sse_noise: bool,
+    pub invalid_b64: bool,
+    pub bad_seq: bool,
+    pub error_frame: Option<String>,
+    pub oversize: bool,
+    pub heartbeats_only_ms: Option<u64>,
+    pub fast: Option<(u64, usize)>,
+}
+
+#[derive(Clone, Debug, Default)]
+pub(crate) struct DeleteFaults {
+    pub tree_exited_false: bool,
+    pub tree_exits_after: Option<u64>,
+}
+
+/// Everything that fired for one request.
+#[derive(Clone, Debug, Default)]
+pub(crate) struct Fired {
+    pub delay_ms: u64,
+    /// First of Status / DropConnection / Redirect that fired.
+    pub response: Option<FaultAction>,
+    pub stream: StreamFaults,
+    pub delete: DeleteFaults,
+}
+
+pub(crate) fn evaluate(slots: &mut [super::FaultSlot], route: &str, method: &str) -> Fired {
+    let mut fired = Fired::default();
+    for slot in slots.iter_mut() {
+        let r = &slot.rule;
+        if let Some(rr) = &r.route {
+            if rr != route {
+                continue;
+            }
+        }
+        if let Some(m) = &r.method {
+            if !m.eq_ignore_ascii_case(method) {
+                continue;
+            }
+        }
+        if !r.action.applies_to(route) {
+            continue;
+        }
+        slot.seen = slot.seen.saturating_add(1);
+        if slot.seen <= r.skip {
+            continue;
+        }
+        if let Some(t) = r.times {
+            if slot.seen - r.skip > t {
+                continue;
+            }
+        }
+        use FaultAction::*;
+        let s = &mut fired.stream;
+        match &r.action {
+            Delay { ms } => fired.delay_ms += ms,
+            Status { .. } | DropConnection { .. } | Redirect { .. } => {
+                if fired.response.is_none() {
+                    fired.response = Some(r.action.clone());
+                }
+            }
+            DropAfterFrames { frames } => s.drop_after = Some(*frames),
+            DuplicateFrames => s.duplicate = true,
+            GapAfterFrames { frames } => s.gap_after = Some(*frames),
+            MalformedLine { after_frames } => s.malformed_after = Some(*after_frames),
+            SseNoise => s.sse_noise = true,
+            InvalidBase64 => s.invalid_b64 = true,
+            BadSeq => s.bad_seq = true,
+            ErrorFrame { error } => s.error_frame = Some(error.clone()),
+            OversizeFrame => s.oversize = true,
+            HeartbeatsOnly { ms } => s.heartbeats_only_ms = Some(*ms),
+            FastStream { mib, frame_bytes } => s.fast = Some((*mib, (*frame_bytes).max(1))),
+            TreeExitedFalse => fired.delete.tree_exited_false = true,
+            TreeExitsAfter { ms } => fired.delete.tree_exits_after = Some(*ms),
+        }
+    }
+    fired
+}

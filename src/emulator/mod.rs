@@ -1,0 +1,402 @@
+//! Local CreateOS sandbox emulator.
+//!
+//! A small HTTP/1.1 server (axum on tokio, bound to `127.0.0.1` only) that speaks the subset of
+//! the CreateOS sandbox REST API this crate uses: sandboxes, files, buffered and streaming
+//! `exec`, and managed processes (`connect`, `input`, `stdin/close`, `signal`, `wait`,
+//! `DELETE ?grace_ms=`). Every request is logged ([`Emulator::requests`]) and faults can be
+//! injected per route ([`FaultRule`]). It runs real processes on the host: it isolates nothing.
+//!
+//! # Sandbox filesystem mapping
+//!
+//! * Every sandbox gets the directory `<root>/<sandbox id>/workspace`, created when the sandbox
+//!   is created and removed (recursively) when the sandbox is deleted or the emulator is closed.
+//!   `<root>` is [`EmulatorOptions::root_dir`], by default a fresh
+//!   `createos-emulator-<random>` directory under the system temp dir, which `close()` removes.
+//! * Processes (`exec` and managed processes) start with their working directory and `HOME` set
+//!   to that workspace, and with `CREATEOS_SANDBOX_ID=<id>` and `CREATEOS_WORKSPACE=<workspace
+//!   dir>` in their environment.
+//! * Absolute paths are **host** paths (identity mapping). The one rewrite: a path equal to
+//!   `/workspace` or starting with `/workspace/` is mapped onto the sandbox's workspace dir, both
+//!   in the files API and in a process `cwd`. A relative `cwd` is resolved against the workspace.
+//! * The files API (`PUT`/`GET /v1/sandboxes/{id}/files?path=`) only accepts paths under `/tmp/`
+//!   or under that sandbox's workspace (after the rewrite). Paths must be absolute, must not
+//!   contain `..` components and must not contain NUL; otherwise the answer is 400. A `PUT`
+//!   whose parent directory does not exist answers 404; a `GET` of a missing file answers 404.
+//!
+//! # Process trees: environment marker via /proc
+//!
+//! Every process the emulator starts is spawned in a new process group (`setpgid(0, 0)`) and
+//! with the environment variable `CREATEOS_EMULATOR_MARK=<emulator instance id>:<process id>`.
+//! The *tree* of a managed process (or of an exec) is every live pid whose `/proc/<pid>/environ`
+//! carries that marker, plus every member of the leader's process group. Descendants inherit the
+//! marker, including ones that call `setsid` or double-fork, so they are found even after they
+//! left the group and were re-parented. Zombies (state `Z` in `/proc/<pid>/stat`) count as
+//! exited. A process that deliberately scrubs its environment *and* leaves the process group
+//! escapes tracking; that is the documented limit.
+//!
+//! cgroups are not used because the emulator runs unprivileged and usually inside the Node.js
+//! process of a test suite or developer machine, where creating and delegating a cgroup subtree
+//! is not possible (no write access to the cgroup hierarchy, cgroup v1/v2 differences,
+//! containers without a writable cgroupfs). The marker needs nothing but a readable `/proc`.
+//!
+//! One background task polls `/proc` every ~25 ms while any managed process is not yet
+//! `tree_exited` (or a reaped leader's process group still has members); one scan serves every
+//! check at that moment. A process group is forgotten once it is empty and its leader was
+//! reaped, so a recycled pid is never mistaken for one of ours. A tree is declared exited after
+//! two consecutive scans in which the leader has exited (and been reaped) and no process of the
+//! tree is alive, which closes the race of a process forking while a scan runs.
+//!
+//! # Output journal
+//!
+//! Output of a managed process is cut into data frames of at most 64 KiB of raw bytes, numbered
+//! by one sequence counter for stdout and stderr starting at 1. The journal keeps at most
+//! [`EmulatorOptions::journal_bytes`] raw bytes, evicting oldest frames first, but always keeps
+//! the newest frame. `output.oldest_seq` is the first retained seq (or `newest_seq + 1` when
+//! nothing was written yet), `output.bytes` the retained raw bytes. Independently of the journal
+//! the emulator records all output of each process for [`Emulator::process_output`], capped at
+//! 64 MiB per stream (bytes beyond the cap are not recorded).
+//!
+//! Connect streams are fed from the journal only (a `watch` channel signals "something
+//! changed"; each stream copies frames out of the journal under a short lock and writes them to
+//! a small bounded channel), so a slow client never makes the emulator buffer more than the
+//! journal. A client that falls behind the journal gets an `output_offset_expired` error frame.
+//!
+//! # Lifecycle
+//!
+//! [`Emulator::close`] stops accepting, aborts every open connection, SIGKILLs every process
+//! carrying this instance's marker (and every process group it started), waits (bounded, 5 s)
+//! until none is alive and every direct child was reaped, and removes the sandbox directories
+//! (and the root dir when the emulator created it). Dropping an [`Emulator`] without `close()`
+//! only SIGKILLs the trees (best effort, synchronously) once every task of the emulator is gone,
+//! e.g. when its tokio runtime shuts down; inside a long-lived runtime (Node.js) nothing happens
+//! until `close()`, so always call `close()`.
+
+mod faults;
+mod model;
+mod net;
+mod procfs;
+mod server;
+mod streams;
+
+use std::collections::{HashMap, HashSet, VecDeque};
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use serde::{Deserialize, Serialize};
+use tokio::sync::Notify;
+use tokio::task::JoinHandle;
+use tokio_util::sync::CancellationToken;
+
+pub use faults::{FaultAction, FaultRule};
+
+use model::Sandbox;
+
+/// Options of [`start`]. Deserializable from camelCase JSON; every field is optional.
+#[derive(Clone, Debug, Deserialize)]
+#[serde(default, rename_all = "camelCase")]
+pub struct EmulatorOptions {
+    /// TCP port on 127.0.0.1; 0 = ephemeral.
+    pub port: u16,
+    /// API key to accept; `None` = random `emu_<uuid hex>`.
+    pub api_key: Option<String>,
+    /// Requests per sliding 60 s window per API key. Default `Some(300)`; `None` or 0 = off.
+    pub rate_limit_per_minute: Option<u32>,
+    /// Raw output bytes retained per process in the replay journal. Default 1 MiB.
+    pub journal_bytes: usize,
+    /// Root directory for sandbox directories. Default: a fresh temp dir removed on close.
+    pub root_dir: Option<PathBuf>,
+}
+
+impl Default for EmulatorOptions {
+    fn default() -> Self {
+        EmulatorOptions {
+            port: 0,
+            api_key: None,
+            rate_limit_per_minute: Some(300),
+            journal_bytes: 1_048_576,
+            root_dir: None,
+        }
+    }
+}
+
+/// One HTTP request as seen by the emulator.
+#[derive(Clone, Debug, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct RequestRecord {
+    pub method: String,
+    /// Path only, without the query.
+    pub path: String,
+    /// Raw query string without `?` (empty when none).
+    pub query: String,
+    pub route: &'static str,
+    /// Status sent; 0 when the connection was dropped without a response.
+    pub status: u16,
+    /// Arrival time, ms since the emulator started.
+    pub at_ms: f64,
+    /// Time until the response head was produced (streams: not their whole duration).
+    pub duration_ms: f64,
+}
+
+pub(crate) struct FaultSlot {
+    pub rule: FaultRule,
+    pub seen: u32,
+}
+
+pub(crate) struct Inner {
+    pub instance: String,
+    pub api_key: String,
+    pub root: PathBuf,
+    pub owns_root: bool,
+    pub started: Instant,
+    pub journal_bytes: usize,
+    pub rate_limit: Option<u32>,
+    pub addr: SocketAddr,
+    pub requests: Mutex<(u64, Vec<RequestRecord>)>,
+    pub faults: Mutex<Vec<FaultSlot>>,
+    pub sandboxes: Mutex<HashMap<String, Arc<Sandbox>>>,
+    pub rate: Mutex<HashMap<String, VecDeque<Instant>>>,
+    pub shutdown: CancellationToken,
+    pub reaper_wake: Notify,
+    /// Process groups this instance created (leader pid = pgid) → 0 while the leader is not
+    /// reaped, then 1 + number of consecutive scans that found the group empty. A group is
+    /// forgotten after two empty scans, so a pid recycled later by an unrelated group leader is
+    /// never mistaken for ours.
+    pub groups: Mutex<HashMap<i32, u8>>,
+    /// Direct children not yet reaped (managed leaders and exec'd commands).
+    pub unreaped: AtomicU64,
+    pub reaped_notify: Notify,
+    pub closed: AtomicBool,
+    pub serve_task: Mutex<Option<JoinHandle<()>>>,
+    pub reaper_task: Mutex<Option<JoinHandle<()>>>,
+}
+
+impl Inner {
+    pub fn mark_prefix(&self) -> String {
+        format!("{}:", self.instance)
+    }
+    pub fn marker_for(&self, id: &str) -> String {
+        format!("{}:{}", self.instance, id)
+    }
+    pub fn now_ms(&self) -> f64 {
+        self.started.elapsed().as_secs_f64() * 1000.0
+    }
+    /// Process groups that may still hold processes of ours.
+    pub fn live_groups(&self) -> HashSet<i32> {
+        self.groups.lock().unwrap().keys().copied().collect()
+    }
+    pub fn sandbox(&self, id: &str) -> Option<Arc<Sandbox>> {
+        self.sandboxes.lock().unwrap().get(id).cloned()
+    }
+}
+
+impl Drop for Inner {
+    /// Safety net when `close()` was never called: runs once the last handle and every task of
+    /// the emulator are gone (for example when the tokio runtime shuts down). Synchronous,
+    /// bounded to a few short passes.
+    fn drop(&mut self) {
+        if self.closed.load(Ordering::SeqCst) {
+            return;
+        }
+        let prefix = self.mark_prefix();
+        let groups: HashSet<i32> = self
+            .groups
+            .get_mut()
+            .map(|g| g.keys().copied().collect())
+            .unwrap_or_default();
+        for _ in 0..10 {
+            let found = procfs::scan(&|e: &procfs::Entry| {
+                e.mark.as_deref().is_some_and(|m| m.starts_with(&prefix))
+                    || groups.contains(&e.pgid)
+            });
+            if found.is_empty() {
+                break;
+            }
+            procfs::signal_entries(&found, nix::sys::signal::Signal::SIGKILL, &[]);
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        if let Ok(sbs) = self.sandboxes.get_mut() {
+            for sb in sbs.values() {
+                let _ = std::fs::remove_dir_all(&sb.dir);
+            }
+        }
+        if self.owns_root {
+            let _ = std::fs::remove_dir_all(&self.root);
+        }
+    }
+}
+
+/// Handle to a running emulator (cheap to clone).
+#[derive(Clone)]
+pub struct Emulator {
+    inner: Arc<Inner>,
+}
+
+/// Start an emulator. Binds `127.0.0.1:<port>` before returning.
+pub async fn start(opts: EmulatorOptions) -> std::io::Result<Emulator> {
+    let listener = tokio::net::TcpListener::bind(("127.0.0.1", opts.port)).await?;
+    let addr = listener.local_addr()?;
+    let (root, owns_root) = match opts.root_dir.clone() {
+        Some(dir) => {
+            std::fs::create_dir_all(&dir)?;
+            (dir, false)
+        }
+        None => {
+            let dir = std::env::temp_dir().join(format!(
+                "createos-emulator-{}",
+                &uuid::Uuid::new_v4().simple().to_string()[..12]
+            ));
+            std::fs::create_dir_all(&dir)?;
+            (dir, true)
+        }
+    };
+    let api_key = opts
+        .api_key
+        .clone()
+        .unwrap_or_else(|| format!("emu_{}", uuid::Uuid::new_v4().simple()));
+    let inner = Arc::new(Inner {
+        instance: format!("emu{}", &uuid::Uuid::new_v4().simple().to_string()[..12]),
+        api_key,
+        root,
+        owns_root,
+        started: Instant::now(),
+        journal_bytes: opts.journal_bytes,
+        rate_limit: opts.rate_limit_per_minute.filter(|n| *n > 0),
+        addr,
+        requests: Mutex::new((0, Vec::new())),
+        faults: Mutex::new(Vec::new()),
+        sandboxes: Mutex::new(HashMap::new()),
+        rate: Mutex::new(HashMap::new()),
+        shutdown: CancellationToken::new(),
+        reaper_wake: Notify::new(),
+        groups: Mutex::new(HashMap::new()),
+        unreaped: AtomicU64::new(0),
+        reaped_notify: Notify::new(),
+        closed: AtomicBool::new(false),
+        serve_task: Mutex::new(None),
+        reaper_task: Mutex::new(None),
+    });
+    let serve = server::spawn_server(inner.clone(), listener);
+    *inner.serve_task.lock().unwrap() = Some(serve);
+    let reaper = tokio::spawn(model::reaper(inner.clone()));
+    *inner.reaper_task.lock().unwrap() = Some(reaper);
+    Ok(Emulator { inner })
+}
+
+impl Emulator {
+    /// `http://127.0.0.1:PORT` (without `/v1`).
+    pub fn url(&self) -> String {
+        format!("http://{}", self.inner.addr)
+    }
+
+    pub fn api_key(&self) -> String {
+        self.inner.api_key.clone()
+    }
+
+    /// Every request so far, in arrival order.
+    pub fn requests(&self) -> Vec<RequestRecord> {
+        self.inner.requests.lock().unwrap().1.clone()
+    }
+
+    pub fn clear_requests(&self) {
+        let mut g = self.inner.requests.lock().unwrap();
+        g.0 += 1;
+        g.1.clear();
+    }
+
+    pub fn add_fault(&self, rule: FaultRule) {
+        self.inner
+            .faults
+            .lock()
+            .unwrap()
+            .push(FaultSlot { rule, seen: 0 });
+    }
+
+    pub fn clear_faults(&self) {
+        self.inner.faults.lock().unwrap().clear();
+    }
+
+    /// Create a sandbox without HTTP; returns its id.
+    pub fn create_sandbox_now(&self) -> String {
+        model::create_sandbox(&self.inner, serde_json::Value::Null)
+            .map(|sb| sb.id.clone())
+            .expect("create sandbox directory")
+    }
+
+    /// All bytes the process wrote (stdout, stderr), each capped at 64 MiB.
+    pub fn process_output(&self, sandbox_id: &str, process_id: &str) -> Option<(Vec<u8>, Vec<u8>)> {
+        let sb = self.inner.sandbox(sandbox_id)?;
+        let p = sb.process(process_id)?;
+        let cap = p.capture.lock().unwrap();
+        Some((cap[0].clone(), cap[1].clone()))
+    }
+
+    /// Every still-alive (non-zombie) pid carrying this emulator's marker or belonging to a
+    /// process group it started.
+    pub fn live_pids(&self) -> Vec<i32> {
+        let prefix = self.inner.mark_prefix();
+        let groups = self.inner.live_groups();
+        procfs::scan(&move |e: &procfs::Entry| {
+            e.mark.as_deref().is_some_and(|m| m.starts_with(&prefix)) || groups.contains(&e.pgid)
+        })
+        .into_iter()
+        .map(|e| e.pid)
+        .collect()
+    }
+
+    /// Stop accepting, abort connections, SIGKILL every tree, wait (bounded, 5 s) until none is
+    /// alive, remove the sandbox directories (and the root dir when the emulator created it).
+    pub async fn close(&self) {
+        let inner = &self.inner;
+        if inner.closed.swap(true, Ordering::SeqCst) {
+            return;
+        }
+        inner.shutdown.cancel();
+        let deadline = Instant::now() + Duration::from_secs(5);
+        let prefix = inner.mark_prefix();
+        let groups = inner.live_groups();
+        procfs::kill_until_gone(
+            Arc::new(move |e: &procfs::Entry| {
+                e.mark.as_deref().is_some_and(|m| m.starts_with(&prefix))
+                    || groups.contains(&e.pgid)
+            }),
+            deadline,
+        )
+        .await;
+        // Wait until every direct child was reaped (so no zombie of ours is left behind).
+        while inner.unreaped.load(Ordering::SeqCst) > 0 && Instant::now() < deadline {
+            let _ = tokio::time::timeout(Duration::from_millis(20), inner.reaped_notify.notified())
+                .await;
+        }
+        let serve = inner.serve_task.lock().unwrap().take();
+        if let Some(mut h) = serve {
+            if tokio::time::timeout(Duration::from_secs(2), &mut h)
+                .await
+                .is_err()
+            {
+                h.abort();
+            }
+        }
+        if let Some(h) = inner.reaper_task.lock().unwrap().take() {
+            h.abort();
+        }
+        let sandboxes: Vec<Arc<Sandbox>> = inner
+            .sandboxes
+            .lock()
+            .unwrap()
+            .drain()
+            .map(|(_, v)| v)
+            .collect();
+        for sb in sandboxes {
+            let _ = std::fs::remove_dir_all(&sb.dir);
+        }
+        if inner.owns_root {
+            let _ = std::fs::remove_dir_all(&inner.root);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests;

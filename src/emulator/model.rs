@@ -1,0 +1,686 @@
+//! Sandboxes, managed processes, the output journal and the tree reaper.
+
+use std::collections::{HashMap, HashSet, VecDeque};
+use std::path::{Component, Path, PathBuf};
+use std::process::Stdio;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+use bytes::Bytes;
+use nix::sys::signal::Signal;
+use serde_json::{json, Value};
+use tokio::io::AsyncReadExt;
+use tokio::process::{Child, ChildStdin, Command};
+use tokio::sync::watch;
+
+use super::procfs::{self, Entry, Filter, MARK_VAR};
+use super::Inner;
+
+/// Max raw bytes per data frame.
+pub(crate) const FRAME_MAX: usize = 64 * 1024;
+/// Per-stream cap of the full-output recording behind `Emulator::process_output`.
+pub(crate) const CAPTURE_CAP: usize = 64 * 1024 * 1024;
+/// Reaper poll interval while some tree is still alive.
+const REAP_POLL: Duration = Duration::from_millis(25);
+/// The exit frame waits at most this long for the pipes to reach EOF after the leader exited.
+const EOF_GRACE: Duration = Duration::from_millis(100);
+
+// ---------------------------------------------------------------- ids and time
+
+const CROCKFORD: &[u8; 32] = b"0123456789ABCDEFGHJKMNPQRSTVWXYZ";
+
+/// `sb-` + 26 Crockford base32 chars (48-bit ms timestamp + 80 random bits, ULID layout).
+pub(crate) fn new_sandbox_id() -> String {
+    let ms = SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .unwrap_or_default()
+        .as_millis();
+    let rnd: u128 = rand::random::<u128>() & ((1u128 << 80) - 1);
+    let v = ((ms & ((1u128 << 48) - 1)) << 80) | rnd;
+    let mut s = String::with_capacity(29);
+    s.push_str("sb-");
+    for i in 0..26 {
+        let shift = 125 - 5 * i;
+        s.push(CROCKFORD[((v >> shift) & 31) as usize] as char);
+    }
+    s
+}
+
+pub(crate) fn new_hex_id(prefix: &str) -> String {
+    format!(
+        "{prefix}{}",
+        &uuid::Uuid::new_v4().simple().to_string()[..16]
+    )
+}
+
+/// RFC 3339 UTC timestamp with milliseconds.
+pub(crate) fn rfc3339_now() -> String {
+    let d = SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .unwrap_or_default();
+    let secs = d.as_secs() as i64;
+    let ms = d.subsec_millis();
+    let days = secs.div_euclid(86_400);
+    let sod = secs.rem_euclid(86_400);
+    // Civil date from days since 1970-01-01 (proleptic Gregorian).
+    let z = days + 719_468;
+    let era = z.div_euclid(146_097);
+    let doe = z - era * 146_097;
+    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
+    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    let mp = (5 * doy + 2) / 153;
+    let day = doy - (153 * mp + 2) / 5 + 1;
+    let month = if mp < 10 { mp + 3 } else { mp - 9 };
+    let year = yoe + era * 400 + if month <= 2 { 1 } else { 0 };
+    format!(
+        "{year:04}-{month:02}-{day:02}T{:02}:{:02}:{:02}.{ms:03}Z",
+        sod / 3600,
+        (sod / 60) % 60,
+        sod % 60
+    )
+}
+
+// ---------------------------------------------------------------- journal
+
+#[derive(Clone, Debug)]
+pub(crate) struct Frame {
+    pub seq: u64,
+    /// 0 = stdout, 1 = stderr.
+    pub stream: u8,
+    pub data: Bytes,
+}
+
+pub(crate) struct Journal {
+    frames: VecDeque<Frame>,
+    bytes: usize,
+    cap: usize,
+    newest: u64,
+}
+
+pub(crate) enum Read {
+    Frames(Vec<Frame>),
+    Expired { oldest: u64 },
+}
+
+impl Journal {
+    fn new(cap: usize) -> Journal {
+        Journal {
+            frames: VecDeque::new(),
+            bytes: 0,
+            cap,
+            newest: 0,
+        }
+    }
+
+    fn push(&mut self, stream: u8, data: Bytes) {
+        self.newest += 1;
+        self.bytes += data.len();
+        self.frames.push_back(Frame {
+            seq: self.newest,
+            stream,
+            data,
+        });
+        while self.bytes > self.cap && self.frames.len() > 1 {
+            let f = self.frames.pop_front().unwrap();
+            self.bytes -= f.data.len();
+        }
+    }
+
+    pub fn newest_seq(&self) -> u64 {
+        self.newest
+    }
+
+    #[cfg(test)]
+    pub fn new_for_test(cap: usize) -> Journal {
+        Journal::new(cap)
+    }
+
+    #[cfg(test)]
+    pub fn push_for_test(&mut self, stream: u8, data: Bytes) {
+        self.push(stream, data)
+    }
+
+    pub fn oldest_seq(&self) -> u64 {
+        self.frames
+            .front()
+            .map(|f| f.seq)
+            .unwrap_or(self.newest + 1)
+    }
+
+    pub fn bytes(&self) -> usize {
+        self.bytes
+    }
+
+    /// Frames with seq > after (at most `max_bytes` raw, at least one frame when available).
+    pub fn read_after(&self, after: u64, max_bytes: usize) -> Read {
+        let oldest = self.oldest_seq();
+        if after + 1 < oldest {
+            return Read::Expired { oldest };
+        }
+        let mut out = Vec::new();
+        if after >= self.newest {
+            return Read::Frames(out);
+        }
+        let start = (after + 1 - oldest) as usize;
+        let mut total = 0;
+        for f in self.frames.iter().skip(start) {
+            if !out.is_empty() && total + f.data.len() > max_bytes {
+                break;
+            }
+            total += f.data.len();
+            out.push(f.clone());
+        }
+        Read::Frames(out)
+    }
+}
+
+// ---------------------------------------------------------------- processes
+
+#[derive(Default, Debug)]
+pub(crate) struct ProcState {
+    pub leader_exited: bool,
+    pub tree_exited_real: bool,
+    pub exit_code: Option<i32>,
+    pub signal: Option<String>,
+    pub finished_at: Option<String>,
+    pub eof: [bool; 2],
+    /// The exit frame may be sent (leader exited and pipes at EOF, or 100 ms passed).
+    pub exit_ready: bool,
+    pub terminating: bool,
+    /// Fault: report `tree_exited:false` regardless of the truth.
+    pub tree_hold: bool,
+    /// Fault `fastStream`: fake frame count served to a client.
+    pub fake_newest: u64,
+    empty_scans: u8,
+}
+
+impl ProcState {
+    pub fn tree_exited(&self) -> bool {
+        self.tree_exited_real && !self.tree_hold
+    }
+}
+
+pub(crate) struct Proc {
+    pub id: String,
+    pub marker: String,
+    pub pid: i32,
+    pub cmd: String,
+    pub args: Vec<String>,
+    pub cwd: String,
+    pub created_at: String,
+    pub st: Mutex<ProcState>,
+    pub journal: Mutex<Journal>,
+    pub tx: watch::Sender<u64>,
+    pub stdin: tokio::sync::Mutex<Option<ChildStdin>>,
+    pub stdin_closed: AtomicBool,
+    pub input_seq: AtomicU64,
+    pub capture: Mutex<[Vec<u8>; 2]>,
+}
+
+impl Proc {
+    pub fn bump(&self) {
+        self.tx.send_modify(|v| *v = v.wrapping_add(1));
+    }
+
+    pub fn to_json(&self) -> Value {
+        let st = self.st.lock().unwrap();
+        let (oldest, newest, bytes) = {
+            let j = self.journal.lock().unwrap();
+            (j.oldest_seq(), j.newest_seq(), j.bytes())
+        };
+        let newest = newest.max(st.fake_newest);
+        let state = if st.leader_exited {
+            "exited"
+        } else if st.terminating {
+            "terminating"
+        } else {
+            "running"
+        };
+        json!({
+            "process_id": self.id,
+            "kind": "process",
+            "pid": self.pid,
+            "state": state,
+            "leader_exited": st.leader_exited,
+            "tree_exited": st.tree_exited(),
+            "created_at": self.created_at,
+            "finished_at": st.finished_at,
+            "exit_code": st.exit_code,
+            "signal": st.signal,
+            "cmd": self.cmd,
+            "args": self.args,
+            "cwd": self.cwd,
+            "foreground": null,
+            "output": {"oldest_seq": oldest, "newest_seq": newest, "bytes": bytes},
+        })
+    }
+
+    /// Selects this process's tree in a /proc scan (marker, plus the process group while the
+    /// group is still known to be ours).
+    pub fn filter(&self, inner: &Inner) -> Filter {
+        let marker = self.marker.clone();
+        let pid = self.pid;
+        let group_live = inner.groups.lock().unwrap().contains_key(&pid);
+        Arc::new(move |e: &Entry| {
+            e.mark.as_deref() == Some(marker.as_str()) || (group_live && e.pgid == pid)
+        })
+    }
+}
+
+pub(crate) struct Sandbox {
+    pub id: String,
+    pub dir: PathBuf,
+    pub workspace: PathBuf,
+    pub shape: Value,
+    pub procs: Mutex<Vec<Arc<Proc>>>,
+    /// Every marker used in this sandbox (processes and execs) and every leader pid.
+    pub markers: Mutex<HashSet<String>>,
+    pub leaders: Mutex<HashSet<i32>>,
+}
+
+impl Sandbox {
+    pub fn process(&self, id: &str) -> Option<Arc<Proc>> {
+        self.procs
+            .lock()
+            .unwrap()
+            .iter()
+            .find(|p| p.id == id)
+            .cloned()
+    }
+
+    pub fn filter(&self, inner: &Inner) -> Filter {
+        let markers = self.markers.lock().unwrap().clone();
+        let live = inner.live_groups();
+        let leaders: HashSet<i32> = self
+            .leaders
+            .lock()
+            .unwrap()
+            .intersection(&live)
+            .copied()
+            .collect();
+        Arc::new(move |e: &Entry| {
+            e.mark.as_deref().is_some_and(|m| markers.contains(m)) || leaders.contains(&e.pgid)
+        })
+    }
+
+    /// Map a client path onto the host: `/workspace` prefix → workspace dir, else identity.
+    pub fn map_path(&self, p: &str) -> Result<PathBuf, &'static str> {
+        if p.contains('\0') {
+            return Err("path must not contain NUL");
+        }
+        if !p.starts_with('/') {
+            return Err("path must be absolute");
+        }
+        if Path::new(p)
+            .components()
+            .any(|c| matches!(c, Component::ParentDir))
+        {
+            return Err("path must not contain '..'");
+        }
+        if p == "/workspace" {
+            return Ok(self.workspace.clone());
+        }
+        if let Some(rest) = p.strip_prefix("/workspace/") {
+            return Ok(self.workspace.join(rest));
+        }
+        Ok(PathBuf::from(p))
+    }
+
+    /// Files API path: mapped, and only under /tmp/ or the workspace.
+    pub fn file_path(&self, p: &str) -> Result<PathBuf, &'static str> {
+        let host = self.map_path(p)?;
+        if host.starts_with(&self.workspace)
+            || (host.starts_with("/tmp") && host != Path::new("/tmp"))
+        {
+            Ok(host)
+        } else {
+            Err("path must be under /tmp/ or the sandbox workspace")
+        }
+    }
+
+    pub fn cwd_path(&self, cwd: Option<&str>) -> Result<PathBuf, &'static str> {
+        match cwd {
+            None | Some("") => Ok(self.workspace.clone()),
+            Some(c) if !c.starts_with('/') => {
+                if c.contains('\0')
+                    || Path::new(c)
+                        .components()
+                        .any(|x| matches!(x, Component::ParentDir))
+                {
+                    return Err("invalid cwd");
+                }
+                Ok(self.workspace.join(c))
+            }
+            Some(c) => self.map_path(c),
+        }
+    }
+}
+
+pub(crate) fn create_sandbox(inner: &Arc<Inner>, shape: Value) -> std::io::Result<Arc<Sandbox>> {
+    let id = new_sandbox_id();
+    let dir = inner.root.join(&id);
+    let workspace = dir.join("workspace");
+    std::fs::create_dir_all(&workspace)?;
+    let shape = if shape.is_null() {
+        Value::String("default".into())
+    } else {
+        shape
+    };
+    let sb = Arc::new(Sandbox {
+        id: id.clone(),
+        dir,
+        workspace,
+        shape,
+        procs: Mutex::new(Vec::new()),
+        markers: Mutex::new(HashSet::new()),
+        leaders: Mutex::new(HashSet::new()),
+    });
+    inner.sandboxes.lock().unwrap().insert(id, sb.clone());
+    Ok(sb)
+}
+
+pub(crate) struct SpawnSpec<'a> {
+    pub cmd: &'a str,
+    pub args: &'a [String],
+    pub cwd: PathBuf,
+    pub env: &'a HashMap<String, String>,
+    pub stdin: Stdio,
+}
+
+/// Spawn a marked child in its own process group. Registers marker and group.
+pub(crate) fn spawn_marked(
+    inner: &Arc<Inner>,
+    sb: &Sandbox,
+    id: &str,
+    spec: SpawnSpec<'_>,
+) -> std::io::Result<(Child, String)> {
+    let marker = inner.marker_for(id);
+    let mut cmd = Command::new(spec.cmd);
+    cmd.args(spec.args)
+        .current_dir(&spec.cwd)
+        .env("HOME", &sb.workspace)
+        .env("CREATEOS_SANDBOX_ID", &sb.id)
+        .env("CREATEOS_WORKSPACE", &sb.workspace)
+        .envs(spec.env)
+        .env(MARK_VAR, &marker)
+        .process_group(0)
+        .stdin(spec.stdin)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .kill_on_drop(false);
+    sb.markers.lock().unwrap().insert(marker.clone());
+    let child = cmd.spawn()?;
+    let pid = child.id().map(|p| p as i32).unwrap_or(-1);
+    inner.unreaped.fetch_add(1, Ordering::SeqCst);
+    inner.groups.lock().unwrap().insert(pid, 0);
+    sb.leaders.lock().unwrap().insert(pid);
+    Ok((child, marker))
+}
+
+pub(crate) fn note_reaped(inner: &Inner, pid: i32) {
+    if let Some(r) = inner.groups.lock().unwrap().get_mut(&pid) {
+        *r = (*r).max(1);
+    }
+    inner.unreaped.fetch_sub(1, Ordering::SeqCst);
+    inner.reaped_notify.notify_waiters();
+    inner.reaper_wake.notify_one();
+}
+
+/// (exit_code, signal name) from an exit status.
+pub(crate) fn split_status(status: std::process::ExitStatus) -> (Option<i32>, Option<String>) {
+    use std::os::unix::process::ExitStatusExt;
+    match status.code() {
+        Some(c) => (Some(c), None),
+        None => (None, status.signal().map(procfs::signal_name)),
+    }
+}
+
+pub(crate) fn start_process(
+    inner: &Arc<Inner>,
+    sb: &Arc<Sandbox>,
+    cmd: &str,
+    args: Vec<String>,
+    cwd_req: Option<&str>,
+    env: &HashMap<String, String>,
+) -> Result<Arc<Proc>, String> {
+    let cwd = sb.cwd_path(cwd_req).map_err(|e| e.to_string())?;
+    let id = new_hex_id("proc_");
+    let (mut child, marker) = spawn_marked(
+        inner,
+        sb,
+        &id,
+        SpawnSpec {
+            cmd,
+            args: &args,
+            cwd: cwd.clone(),
+            env,
+            stdin: Stdio::piped(),
+        },
+    )
+    .map_err(|e| format!("cannot start {cmd}: {e}"))?;
+    let pid = child.id().map(|p| p as i32).unwrap_or(-1);
+    let (tx, _rx) = watch::channel(0u64);
+    let proc = Arc::new(Proc {
+        id,
+        marker,
+        pid,
+        cmd: cmd.to_string(),
+        args,
+        cwd: cwd_req
+            .map(str::to_string)
+            .unwrap_or_else(|| cwd.to_string_lossy().into_owned()),
+        created_at: rfc3339_now(),
+        st: Mutex::new(ProcState::default()),
+        journal: Mutex::new(Journal::new(inner.journal_bytes)),
+        tx,
+        stdin: tokio::sync::Mutex::new(child.stdin.take()),
+        stdin_closed: AtomicBool::new(false),
+        input_seq: AtomicU64::new(0),
+        capture: Mutex::new([Vec::new(), Vec::new()]),
+    });
+    sb.procs.lock().unwrap().push(proc.clone());
+    if let Some(out) = child.stdout.take() {
+        tokio::spawn(pump(proc.clone(), out, 0));
+    }
+    if let Some(err) = child.stderr.take() {
+        tokio::spawn(pump(proc.clone(), err, 1));
+    }
+    tokio::spawn(wait_leader(inner.clone(), proc.clone(), child));
+    inner.reaper_wake.notify_one();
+    Ok(proc)
+}
+
+async fn pump<R: tokio::io::AsyncRead + Unpin>(proc: Arc<Proc>, mut r: R, stream: u8) {
+    let mut buf = vec![0u8; FRAME_MAX];
+    loop {
+        match r.read(&mut buf).await {
+            Ok(0) | Err(_) => break,
+            Ok(n) => {
+                let data = Bytes::copy_from_slice(&buf[..n]);
+                {
+                    let mut cap = proc.capture.lock().unwrap();
+                    let c = &mut cap[stream as usize];
+                    let room = CAPTURE_CAP.saturating_sub(c.len());
+                    c.extend_from_slice(&data[..n.min(room)]);
+                }
+                proc.journal.lock().unwrap().push(stream, data);
+                proc.bump();
+            }
+        }
+    }
+    proc.st.lock().unwrap().eof[stream as usize] = true;
+    proc.bump();
+}
+
+async fn wait_leader(inner: Arc<Inner>, proc: Arc<Proc>, mut child: Child) {
+    let status = child.wait().await;
+    note_reaped(&inner, proc.pid);
+    // Stdin stays open until the leader exits (or stdin/close).
+    *proc.stdin.lock().await = None;
+    let mut rx = proc.tx.subscribe();
+    {
+        let mut st = proc.st.lock().unwrap();
+        st.leader_exited = true;
+        st.finished_at = Some(rfc3339_now());
+        if let Ok(s) = status {
+            let (c, sig) = split_status(s);
+            st.exit_code = c;
+            st.signal = sig;
+        }
+    }
+    proc.bump();
+    inner.reaper_wake.notify_one();
+    let deadline = tokio::time::Instant::now() + EOF_GRACE;
+    loop {
+        rx.borrow_and_update();
+        if proc.st.lock().unwrap().eof == [true, true] {
+            break;
+        }
+        if tokio::time::timeout_at(deadline, rx.changed())
+            .await
+            .is_err()
+        {
+            break;
+        }
+    }
+    // The exit frame tells the truth at this moment: look at the tree now (two scans, as the
+    // reaper does) rather than waiting for the reaper's next round.
+    if !proc.st.lock().unwrap().tree_exited_real {
+        let marker = proc.marker.clone();
+        let pgid = proc.pid;
+        let filter: Filter = Arc::new(move |e: &Entry| e.mark.as_deref() == Some(marker.as_str()) || e.pgid == pgid);
+        if procfs::scan_async(filter.clone()).await.is_empty() && procfs::scan_async(filter).await.is_empty() {
+            proc.st.lock().unwrap().tree_exited_real = true;
+        }
+    }
+    proc.st.lock().unwrap().exit_ready = true;
+    proc.bump();
+}
+
+/// Background task: while any managed tree is not known to be gone, or a reaped leader's
+/// process group may still hold processes, scan /proc every ~25 ms (one scan serves every
+/// check), flip `tree_exited`, and forget process groups that became empty.
+pub(crate) async fn reaper(inner: Arc<Inner>) {
+    loop {
+        if inner.shutdown.is_cancelled() {
+            return;
+        }
+        let pending: Vec<Arc<Proc>> = {
+            let sbs = inner.sandboxes.lock().unwrap();
+            sbs.values()
+                .flat_map(|sb| sb.procs.lock().unwrap().clone())
+                .filter(|p| !p.st.lock().unwrap().tree_exited_real)
+                .collect()
+        };
+        let groups: HashMap<i32, u8> = inner.groups.lock().unwrap().clone();
+        if pending.is_empty() && !groups.values().any(|state| *state >= 1) {
+            tokio::select! {
+                _ = inner.reaper_wake.notified() => {}
+                _ = inner.shutdown.cancelled() => return,
+            }
+            continue;
+        }
+        let markers: HashSet<String> = pending.iter().map(|p| p.marker.clone()).collect();
+        let group_ids: HashSet<i32> = groups.keys().copied().collect();
+        let found = procfs::scan_async(Arc::new(move |e: &Entry| {
+            e.mark.as_deref().is_some_and(|m| markers.contains(m)) || group_ids.contains(&e.pgid)
+        }))
+        .await;
+        {
+            let mut g = inner.groups.lock().unwrap();
+            for pgid in groups.keys() {
+                let empty = !found.iter().any(|e| e.pgid == *pgid);
+                if let Some(state) = g.get_mut(pgid) {
+                    if *state >= 1 {
+                        *state = if empty { *state + 1 } else { 1 };
+                        if *state >= 3 {
+                            g.remove(pgid);
+                        }
+                    }
+                }
+            }
+        }
+        for p in &pending {
+            let alive = found.iter().any(|e| {
+                e.mark.as_deref() == Some(p.marker.as_str())
+                    || (groups.contains_key(&p.pid) && e.pgid == p.pid)
+            });
+            let mut st = p.st.lock().unwrap();
+            if st.leader_exited && !alive {
+                st.empty_scans += 1;
+                if st.empty_scans >= 2 {
+                    st.tree_exited_real = true;
+                    drop(st);
+                    p.bump();
+                }
+            } else {
+                st.empty_scans = 0;
+            }
+        }
+        tokio::select! {
+            _ = tokio::time::sleep(REAP_POLL) => {}
+            _ = inner.shutdown.cancelled() => return,
+        }
+    }
+}
+
+/// Wait until the leader exited and the tree is gone, polling /proc every 10 ms.
+async fn wait_tree_gone(p: &Arc<Proc>, filter: &Filter, deadline: Instant) -> bool {
+    loop {
+        let found = procfs::scan_async(filter.clone()).await;
+        let leader = p.st.lock().unwrap().leader_exited;
+        if found.is_empty() && leader {
+            return true;
+        }
+        if Instant::now() >= deadline {
+            return false;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+}
+
+/// DELETE semantics: SIGTERM the tree and its group, wait up to `grace`, SIGKILL what is left,
+/// wait up to 2 s more. Returns whether the tree is gone.
+pub(crate) async fn terminate(inner: &Inner, p: &Arc<Proc>, grace: Duration) -> bool {
+    if p.st.lock().unwrap().tree_exited_real {
+        return true;
+    }
+    {
+        p.st.lock().unwrap().terminating = true;
+    }
+    p.bump();
+    let filter = p.filter(inner);
+    let found = procfs::scan_async(filter.clone()).await;
+    procfs::signal_entries(&found, Signal::SIGTERM, &[p.pid]);
+    if !p.st.lock().unwrap().leader_exited {
+        let _ = nix::sys::signal::killpg(nix::unistd::Pid::from_raw(p.pid), Signal::SIGTERM);
+    }
+    let mut gone = wait_tree_gone(p, &filter, Instant::now() + grace).await;
+    if !gone {
+        let deadline = Instant::now() + Duration::from_secs(2);
+        procfs::kill_until_gone(filter.clone(), deadline).await;
+        gone = wait_tree_gone(p, &filter, deadline).await;
+    }
+    {
+        let mut st = p.st.lock().unwrap();
+        st.terminating = false;
+        if gone {
+            st.tree_exited_real = true;
+        }
+    }
+    p.bump();
+    gone
+}
+
+/// SIGKILL a tree at once and wait (bounded 2 s) for it to vanish.
+pub(crate) async fn kill_now(inner: &Inner, p: &Arc<Proc>) -> bool {
+    let filter = p.filter(inner);
+    procfs::kill_until_gone(filter.clone(), Instant::now() + Duration::from_secs(2)).await;
+    let gone = wait_tree_gone(p, &filter, Instant::now() + Duration::from_secs(2)).await;
+    if gone {
+        p.st.lock().unwrap().tree_exited_real = true;
+    }
+    p.bump();
+    gone
+}

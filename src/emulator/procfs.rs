@@ -1,0 +1,142 @@
+//! /proc scanning and signalling of marked process trees.
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use nix::sys::signal::{kill, killpg, Signal};
+use nix::unistd::Pid;
+
+pub(crate) const MARK_VAR: &str = "CREATEOS_EMULATOR_MARK";
+
+/// A live (non-zombie) process.
+#[derive(Clone, Debug)]
+pub(crate) struct Entry {
+    pub pid: i32,
+    pub pgid: i32,
+    /// Value of `CREATEOS_EMULATOR_MARK` in its initial environment, if any.
+    pub mark: Option<String>,
+}
+
+pub(crate) type Filter = Arc<dyn Fn(&Entry) -> bool + Send + Sync>;
+
+/// Parse `/proc/<pid>/stat`: returns (state, pgid).
+fn read_stat(pid: &str) -> Option<(u8, i32)> {
+    let s = std::fs::read(format!("/proc/{pid}/stat")).ok()?;
+    let close = s.iter().rposition(|b| *b == b')')?;
+    let rest = std::str::from_utf8(&s[close + 1..]).ok()?;
+    let mut it = rest.split_ascii_whitespace();
+    let state = it.next()?.as_bytes()[0];
+    let _ppid = it.next()?;
+    let pgid: i32 = it.next()?.parse().ok()?;
+    Some((state, pgid))
+}
+
+fn read_mark(pid: &str) -> Option<String> {
+    let env = std::fs::read(format!("/proc/{pid}/environ")).ok()?;
+    let key = MARK_VAR.as_bytes();
+    for var in env.split(|b| *b == 0) {
+        if var.len() > key.len() && var.starts_with(key) && var[key.len()] == b'=' {
+            return Some(String::from_utf8_lossy(&var[key.len() + 1..]).into_owned());
+        }
+    }
+    None
+}
+
+/// One pass over /proc; returns the live, non-zombie processes the filter accepts.
+/// Synchronous (a few hundred small reads); call through `spawn_blocking` from async code.
+pub(crate) fn scan(filter: &dyn Fn(&Entry) -> bool) -> Vec<Entry> {
+    let me = std::process::id().to_string();
+    let mut out = Vec::new();
+    let Ok(dir) = std::fs::read_dir("/proc") else {
+        return out;
+    };
+    for d in dir.flatten() {
+        let name = d.file_name();
+        let Some(name) = name.to_str() else { continue };
+        if !name.as_bytes()[0].is_ascii_digit() || name == me {
+            continue;
+        }
+        let Some((state, pgid)) = read_stat(name) else {
+            continue;
+        };
+        if state == b'Z' || state == b'X' || state == b'x' {
+            continue;
+        }
+        let Ok(pid) = name.parse::<i32>() else {
+            continue;
+        };
+        let e = Entry {
+            pid,
+            pgid,
+            mark: read_mark(name),
+        };
+        if filter(&e) {
+            out.push(e);
+        }
+    }
+    out
+}
+
+pub(crate) async fn scan_async(filter: Filter) -> Vec<Entry> {
+    tokio::task::spawn_blocking(move || scan(&*filter))
+        .await
+        .unwrap_or_default()
+}
+
+/// Send `sig` to every entry, and to every process group (pgid) found among them whose id is
+/// in `groups` (process groups the emulator created).
+pub(crate) fn signal_entries(entries: &[Entry], sig: Signal, groups: &[i32]) {
+    for e in entries {
+        let _ = kill(Pid::from_raw(e.pid), sig);
+    }
+    for g in groups {
+        if entries.iter().any(|e| e.pgid == *g) {
+            let _ = killpg(Pid::from_raw(*g), sig);
+        }
+    }
+}
+
+/// SIGKILL everything the filter selects until nothing is left or the deadline passes.
+/// Returns true when nothing selected is alive any more.
+pub(crate) async fn kill_until_gone(filter: Filter, deadline: Instant) -> bool {
+    loop {
+        let found = scan_async(filter.clone()).await;
+        if found.is_empty() {
+            return true;
+        }
+        let mut groups: Vec<i32> = found.iter().map(|e| e.pgid).collect();
+        groups.sort_unstable();
+        groups.dedup();
+        // Only kill groups whose leader is a selected process or whose members all are selected
+        // (pgid of a selected process is one of our groups, or the process's own group).
+        let groups: Vec<i32> = groups
+            .into_iter()
+            .filter(|g| found.iter().any(|e| e.pid == *g))
+            .collect();
+        signal_entries(&found, Signal::SIGKILL, &groups);
+        if Instant::now() >= deadline {
+            return false;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+}
+
+pub(crate) fn signal_name(sig: i32) -> String {
+    match Signal::try_from(sig) {
+        Ok(s) => s.as_str().to_string(),
+        Err(_) => format!("SIG{sig}"),
+    }
+}
+
+pub(crate) fn parse_signal(name: &str) -> Option<Signal> {
+    let upper = name.trim().to_ascii_uppercase();
+    if let Ok(n) = upper.parse::<i32>() {
+        return Signal::try_from(n).ok();
+    }
+    let full = if upper.starts_with("SIG") {
+        upper
+    } else {
+        format!("SIG{upper}")
+    };
+    full.parse::<Signal>().ok()
+}
