@@ -108,7 +108,7 @@ pub struct Client {
 }
 
 impl Client {
-    pub fn new(api_url: &str, api_key: &str, request_timeout: Duration, pacing: PacingMode) -> Result<Self> {
+    pub fn new(api_url: &str, api_key: &str, request_timeout: Duration, pacing: Option<PacingMode>) -> Result<Self> {
         let origin = api_origin(api_url)?;
         if api_key.trim().is_empty() || api_key.contains(['\r', '\n', '\0']) {
             return Err(Error::Input(INVALID_KEY));
@@ -194,6 +194,12 @@ impl Client {
     /// may have reached the server (then a process may exist): true once the request was
     /// handed to the connection, unless the answer proves it was refused (4xx) or the
     /// connection was never made.
+    ///
+    /// The caller's abort is honoured while the request waits for the pacer (nothing was
+    /// sent), but not once it is on the wire: then the answer is awaited under its own
+    /// deadline, so the process it created is known and can be terminated, rather than left
+    /// for a list that may not show it yet. The command cannot start meanwhile: it waits on
+    /// its start gate.
     pub async fn create_process(&self, sandbox_id: &str, body: Value, ctx: &Ctx) -> (Result<Map<String, Value>>, bool) {
         let path = format!("/sandboxes/{sandbox_id}/processes");
         let op = Operation::ProcessCreation;
@@ -204,8 +210,9 @@ impl Client {
                 return (Err(e), false);
             }
             let started = Instant::now();
-            let result = match self.transmit(op, &Method::POST, &path, &body, ctx, Some(self.request_timeout)).await {
-                Ok(resp) => read_envelope(resp, op, ctx, self.request_timeout.saturating_sub(started.elapsed())).await,
+            let in_flight = Ctx::cleanup(self.request_timeout + Duration::from_secs(1));
+            let result = match self.transmit(op, &Method::POST, &path, &body, &in_flight, Some(self.request_timeout)).await {
+                Ok(resp) => read_envelope(resp, op, &in_flight, self.request_timeout.saturating_sub(started.elapsed())).await,
                 Err(e) => Err(e),
             };
             let maybe_created = match &result {

@@ -39,7 +39,8 @@ pub struct Config {
     pub api_url: String,
     pub api_key: String,
     pub timeout: Duration,
-    pub pacing: PacingMode,
+    /// `None` = not configured: the origin keeps its mode (the default for a new origin).
+    pub pacing: Option<PacingMode>,
     pub cleanup: CleanupPolicy,
     pub leftover: Leftover,
     pub follow: FollowOptions,
@@ -71,21 +72,21 @@ pub fn parse_config(v: &Value) -> Result<Config> {
         Some(t) => integer(t, 1, 86_400_000).ok_or(Error::Input(INVALID_TIMEOUT))?,
     };
     let pacing = match opt(m, "pacing") {
-        None => PacingMode::default(),
-        Some(Value::String(s)) => match s.as_str() {
+        None => None,
+        Some(Value::String(s)) => Some(match s.as_str() {
             "window" => PacingMode::default(),
             "spacing" => PacingMode::spacing_default(),
             "off" => PacingMode::Off,
             _ => return Err(Error::Input(INVALID_PACING)),
-        },
+        }),
         Some(Value::Object(p)) => {
             if let Some(i) = opt(p, "intervalMs") {
                 let ms = integer(i, 0, 600_000).ok_or(Error::Input(INVALID_PACING))?;
-                PacingMode::Spacing { interval: Duration::from_millis(ms) }
+                Some(PacingMode::Spacing { interval: Duration::from_millis(ms) })
             } else {
                 let limit = opt(p, "limit").and_then(|l| integer(l, 1, 1_000_000)).ok_or(Error::Input(INVALID_PACING))?;
                 let window = opt(p, "windowMs").map_or(Some(60_000), |w| integer(w, 1, 3_600_000)).ok_or(Error::Input(INVALID_PACING))?;
-                PacingMode::Window { limit: limit as usize, window: Duration::from_millis(window) }
+                Some(PacingMode::Window { limit: limit as usize, window: Duration::from_millis(window) })
             }
         }
         Some(_) => return Err(Error::Input(INVALID_PACING)),
@@ -196,13 +197,13 @@ mod tests {
     fn config_defaults_and_errors() {
         let c = parse_config(&json!({"apiUrl": "http://127.0.0.1:1", "apiKey": "k"})).unwrap();
         assert_eq!(c.timeout, Duration::from_secs(300));
-        assert_eq!(c.pacing, PacingMode::default());
+        assert_eq!(c.pacing, None);
         assert_eq!(c.cleanup.graces_ms, vec![1000, 5000]);
         assert!(parse_config(&json!({"apiUrl": "http://example.com"})).is_err());
         assert!(parse_config(&json!({"apiUrl": "https://x.io", "timeoutMs": 0})).is_err());
         assert!(parse_config(&json!({"apiUrl": "https://x.io", "pacing": "fast"})).is_err());
         let c = parse_config(&json!({"apiUrl": "https://x.io", "pacing": {"intervalMs": 300}, "cleanupGraceMs": [100, 200], "legacyCleanup": true})).unwrap();
-        assert_eq!(c.pacing, PacingMode::Spacing { interval: Duration::from_millis(300) });
+        assert_eq!(c.pacing, Some(PacingMode::Spacing { interval: Duration::from_millis(300) }));
         assert!(c.cleanup.legacy);
     }
 

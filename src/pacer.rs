@@ -125,12 +125,19 @@ impl Pacer {
     }
 }
 
-/// The process-wide pacer of `origin` (scheme://host:port). The latest mode asked for wins.
-pub fn for_origin(origin: &str, mode: PacingMode) -> Arc<Pacer> {
+/// The process-wide pacer of `origin` (scheme://host:port). A mode the caller configured
+/// explicitly replaces the origin's mode (the latest wins); `None` keeps whatever the origin
+/// has (the default for a new origin), so a bare `waitForRequest` never resets it.
+pub fn for_origin(origin: &str, mode: Option<PacingMode>) -> Arc<Pacer> {
     static REGISTRY: OnceLock<Mutex<HashMap<String, Arc<Pacer>>>> = OnceLock::new();
     let mut map = REGISTRY.get_or_init(Default::default).lock().unwrap_or_else(|e| e.into_inner());
-    let pacer = map.entry(origin.to_owned()).or_insert_with(|| Arc::new(Pacer::new(mode))).clone();
-    pacer.set_mode(mode);
+    let pacer = map
+        .entry(origin.to_owned())
+        .or_insert_with(|| Arc::new(Pacer::new(mode.unwrap_or_default())))
+        .clone();
+    if let Some(mode) = mode {
+        pacer.set_mode(mode);
+    }
     pacer
 }
 

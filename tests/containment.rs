@@ -205,3 +205,31 @@ async fn success_costs_three_requests_and_four_with_stdin() {
     let _ = leftovers; // other tests run concurrently; the file checks are in the JS suite
     emu.close().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn abort_while_creation_is_in_flight_waits_for_the_answer_and_ends_the_process() {
+    let emu = emu().await;
+    let sb = emu.create_sandbox_now();
+    fault(&emu, json!({ "route": "createProcess", "times": 1, "action": { "kind": "delay", "ms": 400 } }));
+    let r = timed_out_run(&emu, &cfg(&emu, json!({})), &sb, "echo never", Duration::from_millis(100)).await.unwrap();
+    assert!(r.timed_out);
+    assert_eq!(r.stdout, "");
+    let l = log(&emu);
+    assert_eq!(&l[..2], &["POST createProcess 201", "DELETE deleteProcess grace_ms=1000 200"], "{l:?}");
+    assert_eq!(count(&emu, "connect"), 0);
+    assert_eq!(count(&emu, "listProcesses"), 0);
+    assert_nothing_alive(&emu).await;
+    emu.close().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn already_aborted_sends_nothing() {
+    let emu = emu().await;
+    let sb = emu.create_sandbox_now();
+    let abort = Abort::new();
+    abort.abort(false);
+    let err = execute(&cfg(&emu, json!({})), &params(&sb, "echo hi"), abort, None).await.unwrap_err();
+    assert!(matches!(err, Error::Cancelled));
+    assert!(emu.requests().is_empty());
+    emu.close().await;
+}
