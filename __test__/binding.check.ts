@@ -1,0 +1,31 @@
+// Type test of the seam between index.js and the generated binding: every
+// native export index.js calls exists with the arity index.js uses. If the
+// generated binding.d.ts changes shape, this stops compiling.
+import * as native from "../binding.js";
+
+const handle = new native.CancelHandle();
+handle.cancel(true);
+const client: object = { apiUrl: "http://127.0.0.1:1", apiKey: "k", timeoutMs: 1000 };
+const params: object = { sandboxId: "sb", command: "true" };
+const onLog = (stream: string, text: string): void => { void stream; void text; };
+
+void native.executeNative(client, params, handle, onLog);
+void native.executeNative(client, params, handle, undefined);
+void native.executeStreamNative(client, params, handle, onLog);
+void native.followProcessNative(client, "sb", "p", handle, (kind: string, data?: Buffer | null) => { void kind; void data; });
+void native.waitForRequestNative(client, handle);
+void native.destroySandboxNative(client, "sb");
+const quoted: string = native.shellQuote("x");
+async function emulator(): Promise<void> {
+  const emu: native.Emulator = await native.startEmulator({ port: 0, apiKey: "k", rateLimitPerMinute: null, journalBytes: 1024 });
+  const url: string = emu.url;
+  const key: string = emu.apiKey;
+  const reqs = emu.requests();
+  const route: string = reqs[0]!.route;
+  emu.addFault({ action: { kind: "delay", ms: 1 } });
+  const out = emu.processOutput("sb", "p");
+  const pids: number[] = emu.livePids();
+  await emu.close();
+  void url; void key; void route; void out; void pids;
+}
+void quoted; void emulator;

@@ -1,0 +1,199 @@
+// Cleanup and containment (issue 2 §3 "Cleanup", issue 3 §6, issue 4): when the
+// error is thrown, with which message and fields, and when it is not.
+import { test, before, after, beforeEach } from 'node:test'
+import assert from 'node:assert/strict'
+import { existsSync } from 'node:fs'
+import { fileURLToPath } from 'node:url'
+import {
+  lib, startEmu, kinds, kindOf, queryOf, bashParams, rejection, putPaths, sleep,
+  TERMINATION_UNCONFIRMED, CREATION_UNCONFIRMED, assertNoSecrets,
+} from './helpers.mjs'
+
+const { execute, CreateosCleanupError, CreateosApiError, isCreateosCleanupError, destroySandbox } = lib
+let ctx
+let sandbox
+
+before(async () => {
+  ctx = await startEmu()
+  sandbox = ctx.sandbox()
+})
+after(async () => { await ctx.close(fileURLToPath(import.meta.url)) })
+beforeEach(() => ctx.reset())
+
+/** Ends what a stubborn-tree fault deliberately left alive, so later tests start clean. */
+async function killLeftovers() {
+  ctx.emu.clearFaults()
+  for (const pid of ctx.emu.livePids()) {
+    try { process.kill(pid, 'SIGKILL') } catch {}
+  }
+  const end = Date.now() + 5000
+  while (ctx.emu.livePids().length && Date.now() < end) await sleep(20)
+  assert.deepEqual(ctx.emu.livePids(), [])
+}
+
+function deletes() {
+  return ctx.requests().filter((r) => kindOf(r) === 'deleteProcess')
+}
+
+test('a child that ignores SIGTERM is killed after the grace period, with no error', async () => {
+  const r = await execute(ctx.client(),
+    bashParams(sandbox, "trap '' TERM; bash -c \"trap '' TERM; sleep 60\" & echo ready; wait"),
+    AbortSignal.timeout(1000))
+  assert.equal(r.timedOut, true)
+  assert.equal(r.stdout, 'ready\n')
+  const del = deletes()
+  assert.equal(queryOf(del[0]).get('grace_ms'), '1000')
+  assert.deepEqual(ctx.emu.livePids(), [])
+})
+
+test('a child that calls setsid is still part of the tree and is ended', async () => {
+  const r = await execute(ctx.client(),
+    bashParams(sandbox, 'setsid sleep 60 & echo ready; sleep 60'), AbortSignal.timeout(1000))
+  assert.equal(r.timedOut, true)
+  assert.deepEqual(ctx.emu.livePids(), [])
+})
+
+test('DELETE answering tree_exited:false for good → CreateosCleanupError after the cleanup deadline', async () => {
+  ctx.emu.addFault({ route: 'deleteProcess', action: { kind: 'treeExitedFalse' } })
+  const started = Date.now()
+  const error = await rejection(execute(ctx.client({ timeoutMs: 3000 }), bashParams(sandbox, 'sleep 60'), AbortSignal.timeout(500)))
+  const elapsed = Date.now() - started
+  assert.ok(error instanceof CreateosCleanupError, String(error && error.stack))
+  assert.ok(error instanceof Error)
+  assert.ok(isCreateosCleanupError(error))
+  assert.equal(error.name, 'CreateosCleanupError')
+  assert.equal(error.message, TERMINATION_UNCONFIRMED)
+  assert.match(error.stack, /CreateosCleanupError: CreateOS command cleanup failed/)
+  assert.equal(error.reason, 'termination-unconfirmed')
+  assert.equal(error.sandboxId, sandbox)
+  assert.equal(typeof error.processId, 'string')
+  assert.ok(Array.isArray(error.attempts) && error.attempts.length >= 1)
+  for (const a of error.attempts) {
+    assert.equal(typeof a.step, 'string')
+    assert.equal(typeof a.outcome, 'string')
+    assert.equal(typeof a.atMs, 'number')
+  }
+  assert.ok(elapsed < 3000 + 500 + 2000, `cleanup took ${elapsed} ms`)
+  // The first DELETE used grace_ms=1000; the escalation used more.
+  const del = deletes()
+  assert.equal(queryOf(del[0]).get('grace_ms'), '1000')
+  assert.ok(del.length >= 2, 'DELETE was retried with an escalated grace')
+  assert.ok(del.slice(1).some((d) => Number(queryOf(d).get('grace_ms')) > 1000))
+  assertNoSecrets(error, [ctx.apiKey, ctx.url, 'secret-body-token'])
+  await killLeftovers()
+})
+
+test('legacyCleanup: one DELETE, tree_exited:false → the error at once (the TypeScript module)', async () => {
+  ctx.emu.addFault({ route: 'deleteProcess', action: { kind: 'treeExitedFalse' } })
+  const error = await rejection(execute(ctx.client({ legacyCleanup: true }), bashParams(sandbox, 'sleep 60'), AbortSignal.timeout(500)))
+  assert.equal(error.message, TERMINATION_UNCONFIRMED)
+  assert.equal(deletes().length, 1)
+  await killLeftovers()
+})
+
+test('a tree that exits 500 ms after DELETE answered false → no error', async () => {
+  ctx.emu.addFault({ route: 'deleteProcess', times: 1, action: { kind: 'treeExitsAfter', ms: 500 } })
+  const r = await execute(ctx.client(), bashParams(sandbox, 'sleep 60'), AbortSignal.timeout(500))
+  assert.equal(r.timedOut, true)
+  assert.deepEqual(ctx.emu.livePids(), [])
+})
+
+test('DELETE answering 503 twice, then succeeding → no error', async () => {
+  ctx.emu.addFault({ route: 'deleteProcess', times: 2, action: { kind: 'status', status: 503 } })
+  const r = await execute(ctx.client(), bashParams(sandbox, 'sleep 60'), AbortSignal.timeout(500))
+  assert.equal(r.timedOut, true)
+  const del = deletes()
+  assert.ok(del.length >= 3, kinds(ctx.requests()).join(','))
+  assert.deepEqual(del.slice(0, 2).map((d) => d.status), [503, 503])
+  assert.equal(del.at(-1).status, 200)
+  assert.deepEqual(ctx.emu.livePids(), [])
+})
+
+test('DELETE answering 404 counts as gone', async () => {
+  ctx.emu.addFault({ route: 'deleteProcess', times: 1, action: { kind: 'status', status: 404 } })
+  const r = await execute(ctx.client(), bashParams(sandbox, 'echo a; sleep 0.3; exit 0'), AbortSignal.timeout(100))
+  assert.equal(r.timedOut, true)
+  // The faked 404 kept the real DELETE from running: the command ends on its own.
+  const end = Date.now() + 3000
+  while (ctx.emu.livePids().length && Date.now() < end) await sleep(20)
+  assert.deepEqual(ctx.emu.livePids(), [])
+})
+
+test('POST /processes 502 after the process was created: it is found and ended, ordinary API error', async () => {
+  ctx.emu.addFault({ route: 'createProcess', times: 1, action: { kind: 'status', status: 502, afterHandler: true } })
+  const error = await rejection(execute(ctx.client(), bashParams(sandbox, 'echo must-not-run > /tmp/createos-should-not-exist-$$; sleep 60')))
+  // Issue 4: the gated process is found (list), ended and confirmed; the sandbox stays usable.
+  assert.ok(!isCreateosCleanupError(error), `got ${error && error.message}`)
+  assert.ok(error instanceof CreateosApiError, String(error))
+  assert.equal(error.status, 502)
+  assert.equal(error.message, 'CreateOS request failed (HTTP 502) during process creation.')
+  const k = kinds(ctx.requests())
+  assert.ok(k.includes('listProcesses'), k.join(','))
+  assert.ok(k.includes('deleteProcess'), k.join(','))
+  assert.deepEqual(ctx.emu.livePids(), [])
+  for (const path of putPaths(ctx.requests())) assert.equal(existsSync(path), false)
+  // and the sandbox is still usable
+  ctx.reset()
+  const r = await execute(ctx.client(), bashParams(sandbox, 'echo fine'))
+  assert.equal(r.stdout, 'fine\n')
+})
+
+test('POST /processes with no response and the list failing → creation-unconfirmed', async () => {
+  ctx.emu.addFault({ route: 'createProcess', times: 1, action: { kind: 'dropConnection', afterHandler: true } })
+  ctx.emu.addFault({ route: 'listProcesses', action: { kind: 'status', status: 500 } })
+  const error = await rejection(execute(ctx.client({ timeoutMs: 2000 }), bashParams(sandbox, 'sleep 60')))
+  assert.ok(isCreateosCleanupError(error), String(error))
+  assert.equal(error.message, CREATION_UNCONFIRMED)
+  assert.equal(error.reason, 'creation-unconfirmed')
+  assert.equal(error.sandboxId, sandbox)
+  assertNoSecrets(error, [ctx.apiKey, ctx.url, 'secret-body-token'])
+  // Containment is unproven here on purpose: the process is (gated and) alive.
+  await killLeftovers()
+  // The host's reaction: destroy the lease (404 counts as success).
+  ctx.emu.clearFaults()
+  const sb2 = ctx.sandbox()
+  await destroySandbox(ctx.client(), sb2)
+  await destroySandbox(ctx.client(), sb2)
+})
+
+test('POST /processes 4xx is an ordinary API error, nothing to clean', async () => {
+  ctx.emu.addFault({ route: 'createProcess', times: 1, action: { kind: 'status', status: 400 } })
+  const error = await rejection(execute(ctx.client(), bashParams(sandbox, 'echo x')))
+  assert.ok(error instanceof CreateosApiError)
+  assert.equal(error.status, 400)
+  assert.equal(error.message, 'CreateOS request failed (HTTP 400) during process creation.')
+  assert.equal(kinds(ctx.requests()).includes('deleteProcess'), false)
+})
+
+test('the cleanup gets a fresh deadline the aborted signal cannot cut short', async () => {
+  // DELETE is slow (800 ms) but within timeoutMs; the caller's signal is long gone.
+  ctx.emu.addFault({ route: 'deleteProcess', times: 1, action: { kind: 'delay', ms: 800 } })
+  const r = await execute(ctx.client({ timeoutMs: 5000 }), bashParams(sandbox, 'sleep 60'), AbortSignal.timeout(300))
+  assert.equal(r.timedOut, true)
+  assert.equal(deletes()[0].status, 200)
+  assert.deepEqual(ctx.emu.livePids(), [])
+})
+
+test('staged files are removed on the failure path too', async () => {
+  ctx.emu.addFault({ route: 'connect', action: { kind: 'badSeq' } })
+  await rejection(execute(ctx.client(), bashParams(sandbox, 'cat; sleep 5', { stdin: 'data' })))
+  const paths = putPaths(ctx.requests())
+  assert.ok(paths.length >= 1)
+  await sleep(50)
+  for (const path of paths) assert.equal(existsSync(path), false, path)
+})
+
+test('destroySandbox deletes the sandbox; 404 is success; other errors are API errors', async () => {
+  const sb = ctx.sandbox()
+  await destroySandbox(ctx.client(), sb)
+  const k = kinds(ctx.requests())
+  assert.deepEqual(k, ['deleteSandbox'])
+  await destroySandbox(ctx.client(), sb) // already gone: 404 → success
+  ctx.emu.addFault({ route: 'deleteSandbox', times: 1, action: { kind: 'status', status: 403 } })
+  const sb2 = ctx.sandbox()
+  const error = await rejection(destroySandbox(ctx.client(), sb2))
+  assert.ok(error instanceof CreateosApiError)
+  assert.equal(error.status, 403)
+  assert.equal(error.message, 'CreateOS request failed (HTTP 403) during sandbox lifecycle.')
+  await assert.rejects(destroySandbox(ctx.client(), 'bad id'), { code: 'CREATEOS_INVALID_INPUT' })
+})

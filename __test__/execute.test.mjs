@@ -1,0 +1,265 @@
+// execute(): the managed-process path, seen from the host. Issue 2 §3 (output,
+// input round trip, log) against the emulator, asserting on the result and on
+// the emulator's request log.
+import { test, before, after, beforeEach } from 'node:test'
+import assert from 'node:assert/strict'
+import { existsSync } from 'node:fs'
+import { fileURLToPath } from 'node:url'
+import {
+  lib, startEmu, kinds, putPaths, queryOf, bashParams, kindOf,
+} from './helpers.mjs'
+
+const { execute } = lib
+let ctx
+let sandbox
+
+before(async () => {
+  // A journal large enough that the multi-MiB output tests never race eviction.
+  ctx = await startEmu({ journalBytes: 32 * 1024 * 1024 })
+  sandbox = ctx.sandbox()
+})
+after(async () => { await ctx.close(fileURLToPath(import.meta.url)) })
+beforeEach(() => ctx.reset())
+
+test('runs a command and returns stdout, stderr and the exit code', async () => {
+  const r = await execute(ctx.client(), bashParams(sandbox, 'echo out; echo err >&2; exit 7'))
+  assert.equal(r.exitCode, 7)
+  assert.equal(r.signal, null)
+  assert.equal(r.timedOut, false)
+  assert.equal(r.stdout, 'out\n')
+  assert.equal(r.stderr, 'err\n')
+  assert.equal(typeof r.metadata.processId, 'string')
+  assert.match(r.metadata.processId, /^[A-Za-z0-9_-]{1,200}$/)
+  assert.equal(r.metadata.outputTruncated, false)
+  assert.equal(r.metadata.treeExited, true)
+
+  const k = kinds(ctx.requests())
+  // create → connect → (gate) → … and no DELETE for a command that completed.
+  assert.ok(k.indexOf('createProcess') >= 0, k.join(','))
+  assert.ok(k.indexOf('connect') > k.indexOf('createProcess'), k.join(','))
+  assert.equal(k.filter((x) => x === 'createProcess').length, 1)
+  assert.equal(k.includes('deleteProcess'), false, k.join(','))
+  // The process was created as /bin/bash -lc <script> and the output stream was
+  // attached (connect) before the start gate was opened (the gate file PUT).
+  const firstConnect = k.indexOf('connect')
+  const gatePut = ctx.requests().findIndex((r, i) => i > firstConnect && kindOf(r) === 'putFile')
+  assert.ok(gatePut > firstConnect, `gate after connect: ${k.join(',')}`)
+  assert.equal(queryOf(ctx.requests()[firstConnect]).get('after'), '0')
+})
+
+test('a command killed by a signal reports the signal name', async () => {
+  const r = await execute(ctx.client(), bashParams(sandbox, 'kill -KILL $$'))
+  assert.equal(r.exitCode, null)
+  assert.equal(r.signal, 'SIGKILL')
+  assert.equal(r.timedOut, false)
+})
+
+test('args, env, cwd and stdin round trip; staged files are removed', async () => {
+  const weird = "it's \"quoted\" $HOME `x` \\ ; | & * ? [a] ~ \n newline é 🎉"
+  const r = await execute(ctx.client(), {
+    lease: { providerLeaseId: sandbox },
+    command: '/bin/bash',
+    args: ['-c', 'printf "%s|" "$@"; printf "\\n%s\\n%s\\n" "$MY_VAR" "$PWD"; cat', 'bash', weird, '', 'two words'],
+    cwd: '/tmp',
+    env: { MY_VAR: weird, _UNDERSCORE_1: 'x' },
+    stdin: 'line one\nline two é\n',
+  })
+  assert.equal(r.exitCode, 0, r.stderr)
+  assert.equal(r.stderr, '')
+  assert.equal(r.stdout, `${weird}||two words|\n${weird}\n/tmp\nline one\nline two é\n`)
+
+  const reqs = ctx.requests()
+  const k = kinds(reqs)
+  // stdin is staged before the process is created; files are cleaned up afterwards.
+  assert.equal(k[0], 'putFile', k.join(','))
+  assert.ok(k.indexOf('createProcess') > 0)
+  const paths = putPaths(reqs)
+  assert.ok(paths.length >= 2, `stdin and gate files: ${paths}`)
+  for (const path of paths) {
+    assert.match(path, /^\/tmp\//)
+    assert.equal(existsSync(path), false, `staged file ${path} still exists`)
+  }
+  // The script removes both files itself: a successful command needs no extra
+  // request for that, and none to close stdin.
+  assert.deepEqual(k, ['putFile', 'createProcess', 'connect', 'putFile'])
+})
+
+test('stdin null and empty string', async () => {
+  const a = await execute(ctx.client(), bashParams(sandbox, 'cat; echo end', { stdin: null }))
+  assert.equal(a.stdout, 'end\n')
+  assert.equal(kinds(ctx.requests())[0], 'createProcess', 'nothing is staged for stdin: null')
+  ctx.reset()
+  const b = await execute(ctx.client(), bashParams(sandbox, 'cat; echo end', { stdin: '' }))
+  assert.equal(b.stdout, 'end\n')
+  for (const path of putPaths(ctx.requests())) assert.equal(existsSync(path), false)
+})
+
+test('UTF-8 split across frames is decoded', async () => {
+  // € = e2 82 ac and 🎉 = f0 9f 8e 89, each written in two pieces with a pause,
+  // so the emulator journals them in separate frames.
+  const r = await execute(ctx.client(), bashParams(sandbox,
+    "printf '\\xe2\\x82'; sleep 0.15; printf '\\xac|'; printf '\\xf0\\x9f' >&2; sleep 0.15; printf '\\x8e\\x89' >&2; sleep 0.15; printf '\\xf0\\x9f\\x8e'; sleep 0.15; printf '\\x89\\n'"))
+  assert.equal(r.exitCode, 0)
+  assert.equal(r.stdout, '€|🎉\n')
+  assert.equal(r.stderr, '🎉')
+})
+
+test('invalid UTF-8 becomes U+FFFD, like the TypeScript module', async () => {
+  const r = await execute(ctx.client(), bashParams(sandbox, "printf 'a\\xffb'"))
+  assert.equal(r.stdout, 'a\ufffdb')
+})
+
+test('log gets every chunk in order, all delivered before the promise settles', async () => {
+  const chunks = { stdout: [], stderr: [] }
+  const order = []
+  const r = await execute(ctx.client(), bashParams(sandbox,
+    'for i in $(seq 1 60); do echo "o$i"; echo "e$i" >&2; [ $((i % 10)) = 0 ] && sleep 0.02; done; head -c 300000 /dev/zero | tr "\\0" z'),
+  undefined, (stream, text) => {
+    assert.equal(typeof text, 'string')
+    chunks[stream].push(text)
+    order.push(stream)
+  })
+  // Checked synchronously at settle time: nothing may arrive later.
+  const stdoutLog = chunks.stdout.join('')
+  const stderrLog = chunks.stderr.join('')
+  assert.equal(stdoutLog, r.stdout)
+  assert.equal(stderrLog, r.stderr)
+  assert.ok(r.stdout.startsWith('o1\no2\n'))
+  assert.ok(r.stdout.endsWith('z'.repeat(1000)))
+  let expected = ''
+  for (let i = 1; i <= 60; i++) expected += `o${i}\n`
+  assert.equal(r.stdout, expected + 'z'.repeat(300000))
+  assert.ok(order.length >= 2)
+  const before = chunks.stdout.length
+  await new Promise((resolve) => setTimeout(resolve, 100))
+  assert.equal(chunks.stdout.length, before, 'a log call arrived after the promise settled')
+})
+
+test('a throwing log does not crash, output is still captured and reported once', async () => {
+  const warnings = []
+  const onWarning = (w) => warnings.push(w)
+  process.on('warning', onWarning)
+  try {
+    let calls = 0
+    const r = await execute(ctx.client(), bashParams(sandbox, 'echo secret-output-1; sleep 0.05; echo two; echo three >&2'),
+      undefined, () => { calls++; throw new Error('log exploded secret-output-1') })
+    assert.equal(r.exitCode, 0)
+    assert.equal(r.stdout, 'secret-output-1\ntwo\n')
+    assert.equal(r.stderr, 'three\n')
+    assert.ok(calls >= 2, 'log keeps being called after it threw')
+    await new Promise((resolve) => setImmediate(resolve))
+    const ours = warnings.filter((w) => w.code === 'CREATEOS_LOG_THREW')
+    assert.equal(ours.length, 1, 'reported exactly once')
+    assert.ok(!String(ours[0].message).includes('secret-output-1'), 'the warning carries no output')
+    // An async log that rejects is no different.
+    const r2 = await execute(ctx.client(), bashParams(sandbox, 'echo x'), undefined, async () => { throw new Error('nope') })
+    assert.equal(r2.stdout, 'x\n')
+  } finally {
+    process.off('warning', onWarning)
+  }
+})
+
+test('a throwing log does not skip the cleanup of a timed-out command', async () => {
+  const onWarning = () => {}
+  process.on('warning', onWarning)
+  try {
+    const r = await execute(ctx.client(), bashParams(sandbox, 'echo started; sleep 60'),
+      AbortSignal.timeout(800), () => { throw new Error('boom') })
+    assert.equal(r.timedOut, true)
+    assert.equal(r.stdout, 'started\n')
+    const del = ctx.requests().filter((x) => kindOf(x) === 'deleteProcess')
+    assert.equal(del.length >= 1, true)
+    assert.equal(queryOf(del[0]).get('grace_ms'), '1000')
+    assert.deepEqual(ctx.emu.livePids(), [])
+  } finally {
+    process.off('warning', onWarning)
+  }
+})
+
+test('output over 4 Mi characters keeps the last 4,194,304 and says so', async () => {
+  const r = await execute(ctx.client(), bashParams(sandbox,
+    'head -c 4194400 /dev/zero | tr "\\0" a; printf END; printf small >&2'))
+  assert.equal(r.exitCode, 0)
+  assert.equal(r.metadata.outputTruncated, true)
+  assert.equal(r.stdout.length, 4194304)
+  assert.ok(r.stdout.endsWith('aaaEND'))
+  assert.equal(r.stderr, 'small')
+})
+
+test('truncation never splits a surrogate pair', async () => {
+  // 2,097,152 emoji (2 UTF-16 units each) + "z" = 4,194,305 units: the last
+  // 4,194,304 would start on a low surrogate, which must be dropped.
+  const r = await execute(ctx.client(), bashParams(sandbox,
+    "yes '🎉' | head -n 2097152 | tr -d '\\n'; printf z"))
+  assert.equal(r.exitCode, 0)
+  assert.equal(r.metadata.outputTruncated, true)
+  assert.ok(r.stdout.length <= 4194304)
+  assert.ok(r.stdout.length >= 4194303)
+  assert.ok(r.stdout.isWellFormed(), 'no lone surrogate')
+  assert.ok(r.stdout.endsWith('🎉🎉z'))
+})
+
+test('output of exactly 4,194,304 characters is not marked truncated', async () => {
+  const r = await execute(ctx.client(), bashParams(sandbox, 'head -c 4194304 /dev/zero | tr "\\0" b'))
+  assert.equal(r.stdout.length, 4194304)
+  assert.equal(r.metadata.outputTruncated, false)
+})
+
+test('a command that leaves a background child reports treeExited: false; terminate ends it', async () => {
+  const r = await execute(ctx.client(), bashParams(sandbox, '(sleep 30 &) ; echo done'))
+  assert.equal(r.exitCode, 0)
+  assert.equal(r.stdout, 'done\n')
+  assert.equal(r.metadata.treeExited, false)
+  assert.ok(ctx.emu.livePids().length >= 1, 'the background child is still alive (keep is the default)')
+
+  ctx.reset()
+  const r2 = await execute(ctx.client({ leftoverProcesses: 'terminate' }), bashParams(sandbox, '(sleep 30 &) ; echo done'))
+  assert.equal(r2.exitCode, 0)
+  assert.equal(r2.metadata.treeExited, false)
+  const k = kinds(ctx.requests())
+  assert.ok(k.includes('deleteProcess'), k.join(','))
+  // Only the second command's tree was ended; the first one's child is ours to
+  // leave to close() (which must kill it).
+})
+
+test('requests start at least 300 ms apart with pacing: "spacing" (the TypeScript module\'s rule)', async () => {
+  const r = await execute(ctx.client({ pacing: 'spacing' }), bashParams(sandbox, 'echo paced', { stdin: 'x' }))
+  assert.equal(r.stdout, 'paced\n')
+  const at = ctx.requests().map((x) => x.atMs)
+  assert.ok(at.length >= 4)
+  for (let i = 1; i < at.length; i++) {
+    assert.ok(at[i] - at[i - 1] >= 280, `requests ${i - 1}→${i} only ${(at[i] - at[i - 1]).toFixed(1)} ms apart`)
+  }
+})
+
+test('X-Api-Key is required: a wrong key gives the 401 API error and nothing runs', async () => {
+  const client = { config: { apiUrl: ctx.url, timeoutMs: 5000 }, apiKey: 'wrong-key' }
+  const error = await execute(client, bashParams(sandbox, 'echo hi')).then(() => null, (e) => e)
+  assert.ok(error instanceof lib.CreateosApiError, String(error))
+  assert.equal(error.status, 401)
+  assert.match(error.message, /^CreateOS request failed \(HTTP 401\)/)
+})
+
+test('the key may come from client.config.apiKey or CREATEOS_API_KEY', async () => {
+  const r = await execute({ config: { apiUrl: ctx.url, timeoutMs: 5000, apiKey: ctx.apiKey } }, bashParams(sandbox, 'echo a'))
+  assert.equal(r.stdout, 'a\n')
+  const saved = process.env.CREATEOS_API_KEY
+  process.env.CREATEOS_API_KEY = ctx.apiKey
+  try {
+    const r2 = await execute({ config: { apiUrl: ctx.url, timeoutMs: 5000 } }, bashParams(sandbox, 'echo b'))
+    assert.equal(r2.stdout, 'b\n')
+  } finally {
+    if (saved === undefined) delete process.env.CREATEOS_API_KEY
+    else process.env.CREATEOS_API_KEY = saved
+  }
+})
+
+test('concurrent commands on one sandbox do not mix output', async () => {
+  const results = await Promise.all([1, 2, 3, 4].map((i) =>
+    execute(ctx.client(), {
+      lease: { providerLeaseId: sandbox },
+      command: '/bin/bash',
+      args: ['-c', 'for j in 1 2 3; do echo "$0-$j"; sleep 0.01; done', `c${i}`],
+    })))
+  results.forEach((r, i) => assert.equal(r.stdout, `c${i + 1}-1\nc${i + 1}-2\nc${i + 1}-3\n`))
+})

@@ -1,0 +1,241 @@
+// Shared helpers for the JS tests. Tests import the package exactly as a host
+// does (`require('createos-execute')` → ../index.js) and talk to the real
+// emulator over 127.0.0.1; nothing here mocks fetch or the binding.
+import { createRequire } from 'node:module'
+import { mkdirSync, readFileSync, writeFileSync, existsSync, readdirSync } from 'node:fs'
+import { tmpdir } from 'node:os'
+import { join, basename, dirname } from 'node:path'
+import { fileURLToPath } from 'node:url'
+import assert from 'node:assert/strict'
+
+const require = createRequire(import.meta.url)
+export const lib = require('../index.js')
+export const ROOT = dirname(dirname(fileURLToPath(import.meta.url)))
+
+export const CANCELLED = 'CreateOS command was cancelled.'
+export const TERMINATION_UNCONFIRMED = 'CreateOS command cleanup failed; process termination is unconfirmed.'
+export const CREATION_UNCONFIRMED = 'CreateOS process creation could not be confirmed; destroy the lease before reusing it.'
+export const MARK_VAR = 'CREATEOS_EMULATOR_MARK'
+
+/** Where every test file leaves the pids and emulator instances it saw, for zz-no-survivors. */
+export const RECORD_DIR = join(tmpdir(), 'createos-execute-test-records')
+
+// ---------------------------------------------------------------------------
+// Request log classification by method + path (independent of route names).
+
+const SB = '/v1/sandboxes/[^/]+'
+const KINDS = [
+  ['PUT', new RegExp(`^${SB}/files$`), 'putFile'],
+  ['GET', new RegExp(`^${SB}/files$`), 'getFile'],
+  ['POST', new RegExp(`^${SB}/processes$`), 'createProcess'],
+  ['GET', new RegExp(`^${SB}/processes$`), 'listProcesses'],
+  ['GET', new RegExp(`^${SB}/processes/[^/]+/connect$`), 'connect'],
+  ['GET', new RegExp(`^${SB}/processes/[^/]+/wait$`), 'wait'],
+  ['POST', new RegExp(`^${SB}/processes/[^/]+/stdin/close$`), 'stdinClose'],
+  ['POST', new RegExp(`^${SB}/processes/[^/]+/input$`), 'input'],
+  ['POST', new RegExp(`^${SB}/processes/[^/]+/signal$`), 'signal'],
+  ['DELETE', new RegExp(`^${SB}/processes/[^/]+$`), 'deleteProcess'],
+  ['GET', new RegExp(`^${SB}/processes/[^/]+$`), 'getProcess'],
+  ['POST', new RegExp(`^${SB}/exec$`), 'exec'],
+  ['POST', new RegExp('^/v1/sandboxes$'), 'createSandbox'],
+  ['DELETE', new RegExp(`^${SB}$`), 'deleteSandbox'],
+  ['GET', new RegExp(`^${SB}$`), 'getSandbox'],
+]
+
+export function kindOf(r) {
+  for (const [method, re, kind] of KINDS) {
+    if (r.method === method && re.test(r.path)) {
+      if (kind === 'exec' && /(^|&)stream=true(&|$)/.test(r.query)) return 'execStream'
+      return kind
+    }
+  }
+  return `${r.method} ${r.path}`
+}
+
+export function kinds(requests) {
+  return requests.map(kindOf)
+}
+
+export function queryOf(r) {
+  return new URLSearchParams(r.query)
+}
+
+/** The sandbox paths of every file the requests PUT. */
+export function putPaths(requests) {
+  return requests.filter((r) => kindOf(r) === 'putFile').map((r) => queryOf(r).get('path'))
+}
+
+// ---------------------------------------------------------------------------
+// Emulator per test file
+
+/**
+ * Starts an emulator for one test file and tracks every pid it starts (sampled
+ * from livePids()), so `close()` can prove that none of them survived.
+ */
+export async function startEmu(options = {}) {
+  const emu = await lib.startEmulator({ rateLimitPerMinute: null, ...options })
+  const seen = new Set()
+  const instances = new Set()
+  const startedAt = Date.now()
+  const sample = () => {
+    for (const pid of emu.livePids()) {
+      if (seen.has(pid)) continue
+      seen.add(pid)
+      const mark = markOf(pid)
+      if (mark) instances.add(mark.split(':')[0])
+    }
+  }
+  const timer = setInterval(sample, 25)
+  timer.unref()
+
+  const ctx = {
+    emu,
+    url: emu.url,
+    apiKey: emu.apiKey,
+    /** A client shaped like the host's (config + apiKey). */
+    client(config = {}) {
+      return { config: { apiUrl: emu.url, timeoutMs: 5000, ...config }, apiKey: emu.apiKey }
+    },
+    sandbox() {
+      return emu.createSandbox()
+    },
+    params(sandboxId, command, extra = {}) {
+      return { lease: { providerLeaseId: sandboxId }, command, ...extra }
+    },
+    sample,
+    seenPids: seen,
+    /** Requests since the last `reset()`. */
+    requests() {
+      return emu.requests()
+    },
+    reset() {
+      emu.clearRequests()
+      emu.clearFaults()
+    },
+    async close(testFile) {
+      clearInterval(timer)
+      sample()
+      await emu.close()
+      const live = emu.livePids()
+      assert.deepEqual(live, [], 'the emulator left processes alive after close()')
+      const survivors = [...seen].filter((pid) => isMarkedAlive(pid))
+      assert.deepEqual(survivors, [], 'a process started by the emulator survived close()')
+      recordForFinalCheck(testFile, { startedAt, pids: [...seen], instances: [...instances] })
+    },
+  }
+  return ctx
+}
+
+export function recordForFinalCheck(testFile, record) {
+  mkdirSync(RECORD_DIR, { recursive: true })
+  const name = `${basename(testFile || 'unknown')}-${process.pid}-${Date.now()}.json`
+  writeFileSync(join(RECORD_DIR, name), JSON.stringify(record))
+}
+
+export function readRecords() {
+  if (!existsSync(RECORD_DIR)) return []
+  return readdirSync(RECORD_DIR).filter((f) => f.endsWith('.json')).map((f) => {
+    try { return JSON.parse(readFileSync(join(RECORD_DIR, f), 'utf8')) } catch { return null }
+  }).filter(Boolean)
+}
+
+// ---------------------------------------------------------------------------
+// /proc helpers
+
+/** `CREATEOS_EMULATOR_MARK` of a live, non-zombie pid, or null. */
+export function markOf(pid) {
+  try {
+    const stat = readFileSync(`/proc/${pid}/stat`, 'utf8')
+    const state = stat.slice(stat.lastIndexOf(')') + 2, stat.lastIndexOf(')') + 3)
+    if (state === 'Z' || state === 'X') return null
+    const env = readFileSync(`/proc/${pid}/environ`)
+    for (const entry of env.toString('latin1').split('\0')) {
+      if (entry.startsWith(`${MARK_VAR}=`)) return entry.slice(MARK_VAR.length + 1)
+    }
+  } catch {
+    return null
+  }
+  return null
+}
+
+/** True when pid is alive (not a zombie) and still carries an emulator marker. */
+export function isMarkedAlive(pid) {
+  return markOf(pid) !== null
+}
+
+/** True when pid exists and is not a zombie (regardless of marker). */
+export function isAlive(pid) {
+  try {
+    process.kill(pid, 0)
+  } catch (e) {
+    return e.code === 'EPERM'
+  }
+  try {
+    const stat = readFileSync(`/proc/${pid}/stat`, 'utf8')
+    const state = stat.slice(stat.lastIndexOf(')') + 2, stat.lastIndexOf(')') + 3)
+    return state !== 'Z' && state !== 'X'
+  } catch {
+    return false
+  }
+}
+
+/** Every live process on this machine carrying an emulator marker: [{ pid, mark, startMs }]. */
+export function markedProcesses() {
+  const out = []
+  let btime = 0
+  try {
+    const m = /^btime (\d+)$/m.exec(readFileSync('/proc/stat', 'utf8'))
+    btime = m ? Number(m[1]) * 1000 : 0
+  } catch {}
+  for (const name of readdirSync('/proc')) {
+    if (!/^\d+$/.test(name)) continue
+    const pid = Number(name)
+    const mark = markOf(pid)
+    if (!mark) continue
+    let startMs = 0
+    let ppid = 0
+    let cmdline = ''
+    try {
+      const stat = readFileSync(`/proc/${pid}/stat`, 'utf8')
+      const fields = stat.slice(stat.lastIndexOf(')') + 2).split(' ')
+      ppid = Number(fields[1])
+      startMs = btime + (Number(fields[19]) / 100) * 1000 // starttime, in clock ticks (100/s)
+      cmdline = readFileSync(`/proc/${pid}/cmdline`, 'utf8').replace(/\0/g, ' ').slice(0, 200)
+    } catch {}
+    out.push({ pid, ppid, mark, startMs, cmdline })
+  }
+  return out
+}
+
+// ---------------------------------------------------------------------------
+// Misc
+
+export const sleep = (ms) => new Promise((resolve) => setTimeout(resolve, ms))
+
+/** Resolves with the rejection of `promise` (fails if it resolves). */
+export async function rejection(promise) {
+  try {
+    const value = await promise
+    assert.fail(`expected a rejection, got ${JSON.stringify(value)?.slice(0, 300)}`)
+  } catch (error) {
+    if (error && error.code === 'ERR_ASSERTION' && /^expected a rejection/.test(error.message)) throw error
+    return error
+  }
+}
+
+/** Asserts that nothing in the error (message, stack, own fields) leaks a secret. */
+export function assertNoSecrets(error, secrets) {
+  const text = [
+    String(error && error.message),
+    String(error && error.stack),
+    (() => { try { return JSON.stringify(error) } catch { return '' } })(),
+    (() => { try { return JSON.stringify(error && error.attempts) } catch { return '' } })(),
+  ].join('\n')
+  for (const secret of secrets.filter(Boolean)) {
+    assert.ok(!text.includes(secret), `error text leaks ${JSON.stringify(secret.slice(0, 40))}`)
+  }
+}
+
+export function bashParams(sandboxId, script, extra = {}) {
+  return { lease: { providerLeaseId: sandboxId }, command: '/bin/bash', args: ['-c', script], ...extra }
+}

@@ -1,0 +1,112 @@
+#!/usr/bin/env node
+'use strict'
+
+// createos-emulator [--port N] [--api-key K] [--rate-limit N|off] [--journal-bytes N]
+//
+// Runs the local CreateOS emulator until SIGINT/SIGTERM. It runs real processes
+// on this machine and isolates nothing: for tests, demos and development only.
+
+const { startEmulator } = require('..')
+
+const USAGE = `usage: createos-emulator [--port N] [--api-key K] [--rate-limit N|off] [--journal-bytes N]
+
+  --port N           TCP port on 127.0.0.1 (default: a free one)
+  --api-key K        the key clients must send (default: a random one, printed)
+  --rate-limit N     requests per minute per key (default 300); 'off' disables it
+  --journal-bytes N  output journal per process (default 1048576)
+
+Runs real processes on this machine and isolates nothing: not for untrusted code.`
+
+function parseArgs(argv) {
+  const opts = {}
+  for (let i = 0; i < argv.length; i++) {
+    let arg = argv[i]
+    let inline
+    if (/^--[a-z-]+=/.test(arg)) {
+      inline = arg.slice(arg.indexOf('=') + 1)
+      arg = arg.slice(0, arg.indexOf('='))
+    }
+    const take = () => {
+      if (inline !== undefined) return inline
+      if (i + 1 >= argv.length) throw new Error(`${arg} needs a value`)
+      return argv[++i]
+    }
+    const int = (raw, name) => {
+      if (!/^\d+$/.test(raw)) throw new Error(`${name} needs a non-negative integer`)
+      return Number(raw)
+    }
+    switch (arg) {
+      case '-h':
+      case '--help':
+        opts.help = true
+        break
+      case '--port': {
+        const port = int(take(), '--port')
+        if (port > 65535) throw new Error('--port must be at most 65535')
+        opts.port = port
+        break
+      }
+      case '--api-key':
+        opts.apiKey = take()
+        if (!opts.apiKey || /[\r\n\0]/.test(opts.apiKey)) throw new Error('--api-key needs a non-empty value')
+        break
+      case '--rate-limit': {
+        const raw = take()
+        opts.rateLimitPerMinute = raw === 'off' ? null : int(raw, '--rate-limit')
+        if (opts.rateLimitPerMinute === 0) opts.rateLimitPerMinute = null
+        break
+      }
+      case '--journal-bytes':
+        opts.journalBytes = int(take(), '--journal-bytes')
+        break
+      default:
+        throw new Error(`unknown argument ${arg}`)
+    }
+  }
+  return opts
+}
+
+async function main(argv) {
+  let opts
+  try {
+    opts = parseArgs(argv)
+  } catch (error) {
+    process.stderr.write(`createos-emulator: ${error.message}\n${USAGE}\n`)
+    return 2
+  }
+  if (opts.help) {
+    process.stdout.write(`${USAGE}\n`)
+    return 0
+  }
+  delete opts.help
+  const emulator = await startEmulator(opts)
+  // The key is the emulator's own throwaway key, printed so a client can use it.
+  process.stdout.write(
+    `CreateOS emulator listening on ${emulator.url}\n` +
+    `CREATEOS_API_URL=${emulator.url}\n` +
+    `CREATEOS_API_KEY=${emulator.apiKey}\n` +
+    'It runs real processes on this machine and isolates nothing. Stop it with Ctrl-C.\n')
+  // The server runs on the native runtime, which does not keep Node's event
+  // loop alive by itself: hold it open until a signal arrives.
+  const keepAlive = setInterval(() => {}, 1 << 30)
+  await new Promise((resolve) => {
+    process.once('SIGINT', resolve)
+    process.once('SIGTERM', resolve)
+  })
+  clearInterval(keepAlive)
+  await emulator.close()
+  process.stdout.write('CreateOS emulator stopped; every process it started has ended.\n')
+  return 0
+}
+
+if (require.main === module) {
+  main(process.argv.slice(2)).then((code) => {
+    process.exitCode = code
+    setTimeout(() => process.exit(code), 1000).unref()
+  }, (error) => {
+    process.stderr.write(`createos-emulator: ${error && error.message ? error.message : String(error)}\n`)
+    process.exitCode = 1
+  })
+}
+
+module.exports = { main, parseArgs }

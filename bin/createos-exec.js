@@ -1,0 +1,189 @@
+#!/usr/bin/env node
+'use strict'
+
+// createos-exec [--local | --api-url URL --sandbox ID] [--timeout MS] [--cwd DIR]
+//               [--env K=V]... -- command args...
+//
+// Runs one command in a CreateOS sandbox through `execute`, streams its stdout
+// and stderr live, and exits with its exit code. The API key comes from
+// CREATEOS_API_KEY and is never printed. Exit codes of its own: 2 usage,
+// 124 timed out, 125 cleanup unconfirmed, 1 any other failure; a command killed
+// by a signal exits 128 + the signal number, like a shell.
+
+const { constants } = require('node:os')
+const { execute, startEmulator, isCreateosCleanupError } = require('..')
+
+const USAGE = `usage: createos-exec [--local | --api-url URL --sandbox ID] [--timeout MS] [--cwd DIR]
+                     [--env K=V]... [--stdin-file FILE] -- command [args...]
+
+  --local          start an embedded emulator and a sandbox, run there (no account needed)
+  --api-url URL    CreateOS API (e.g. https://api.sb.createos.sh); key from CREATEOS_API_KEY
+  --sandbox ID     the sandbox to run in
+  --timeout MS     time the command out after MS milliseconds (exit 124)
+  --cwd DIR        working directory inside the sandbox
+  --env K=V        environment variable for the command (repeatable)
+  --stdin-file F   pass the contents of local file F as the command's stdin ('-' = this stdin)
+
+Exit status: the command's; 124 on timeout; 125 when cleanup could not be confirmed;
+2 on a usage error; 1 on any other error.`
+
+class UsageError extends Error {}
+
+function parseArgs(argv) {
+  const opts = { local: false, apiUrl: undefined, sandbox: undefined, timeout: undefined, cwd: undefined, env: {}, stdinFile: undefined, command: [] }
+  let i = 0
+  const value = (flag) => {
+    if (i + 1 >= argv.length) throw new UsageError(`${flag} needs a value`)
+    return argv[++i]
+  }
+  for (; i < argv.length; i++) {
+    let arg = argv[i]
+    let inline
+    if (/^--[a-z-]+=/.test(arg)) {
+      inline = arg.slice(arg.indexOf('=') + 1)
+      arg = arg.slice(0, arg.indexOf('='))
+    }
+    const take = () => (inline !== undefined ? inline : value(arg))
+    switch (arg) {
+      case '--':
+        opts.command = argv.slice(i + 1)
+        i = argv.length
+        break
+      case '-h':
+      case '--help':
+        opts.help = true
+        break
+      case '--local':
+        opts.local = true
+        break
+      case '--api-url':
+        opts.apiUrl = take()
+        break
+      case '--sandbox':
+        opts.sandbox = take()
+        break
+      case '--timeout': {
+        const raw = take()
+        const n = Number(raw)
+        if (!/^\d+$/.test(raw) || !Number.isSafeInteger(n) || n < 1) throw new UsageError('--timeout needs a positive integer (milliseconds)')
+        opts.timeout = n
+        break
+      }
+      case '--cwd':
+        opts.cwd = take()
+        break
+      case '--env': {
+        const kv = take()
+        const eq = kv.indexOf('=')
+        if (eq <= 0) throw new UsageError('--env needs K=V')
+        opts.env[kv.slice(0, eq)] = kv.slice(eq + 1)
+        break
+      }
+      case '--stdin-file':
+        opts.stdinFile = take()
+        break
+      default:
+        if (arg.startsWith('-')) throw new UsageError(`unknown option ${arg}`)
+        // The command without a `--`: everything from here on.
+        opts.command = argv.slice(i)
+        i = argv.length
+    }
+  }
+  if (opts.help) return opts
+  if (opts.command.length === 0) throw new UsageError('no command given')
+  if (opts.local && (opts.apiUrl || opts.sandbox)) throw new UsageError('--local cannot be combined with --api-url or --sandbox')
+  if (!opts.local && (!opts.apiUrl || !opts.sandbox)) throw new UsageError('give --local, or both --api-url and --sandbox')
+  return opts
+}
+
+function readStdin(file) {
+  const fs = require('node:fs')
+  return fs.readFileSync(file === '-' ? 0 : file, 'utf8')
+}
+
+async function main(argv) {
+  let opts
+  try {
+    opts = parseArgs(argv)
+  } catch (error) {
+    if (!(error instanceof UsageError)) throw error
+    process.stderr.write(`createos-exec: ${error.message}\n${USAGE}\n`)
+    return 2
+  }
+  if (opts.help) {
+    process.stdout.write(`${USAGE}\n`)
+    return 0
+  }
+
+  let emulator
+  let apiUrl = opts.apiUrl
+  let apiKey = process.env.CREATEOS_API_KEY
+  let sandboxId = opts.sandbox
+  const controller = new AbortController()
+  const timer = opts.timeout
+    ? setTimeout(() => controller.abort(new DOMException('The command timed out.', 'TimeoutError')), opts.timeout)
+    : undefined
+  // Ctrl-C / SIGTERM: cancel the command; execute() terminates its tree before it settles.
+  let interrupted = 0
+  const onSignal = (name) => {
+    interrupted = constants.signals[name]
+    controller.abort()
+  }
+  process.once('SIGINT', () => onSignal('SIGINT'))
+  process.once('SIGTERM', () => onSignal('SIGTERM'))
+
+  try {
+    if (opts.local) {
+      emulator = await startEmulator({ rateLimitPerMinute: null })
+      apiUrl = emulator.url
+      apiKey = emulator.apiKey
+      sandboxId = emulator.createSandbox()
+    }
+    const [command, ...args] = opts.command
+    const params = { lease: { providerLeaseId: sandboxId }, command, args }
+    if (opts.cwd !== undefined) params.cwd = opts.cwd
+    if (Object.keys(opts.env).length) params.env = opts.env
+    if (opts.stdinFile !== undefined) params.stdin = readStdin(opts.stdinFile)
+
+    const client = { config: { apiUrl, timeoutMs: 300_000, ...(opts.local ? { pacing: 'off' } : {}) }, apiKey }
+    const result = await execute(client, params, controller.signal, (stream, text) => {
+      ;(stream === 'stderr' ? process.stderr : process.stdout).write(text)
+    })
+    if (result.timedOut) {
+      process.stderr.write(`createos-exec: timed out after ${opts.timeout} ms; the command's processes were terminated.\n`)
+      return 124
+    }
+    if (result.signal) {
+      const n = constants.signals[result.signal]
+      return n ? 128 + n : 1
+    }
+    return result.exitCode ?? 1
+  } catch (error) {
+    if (isCreateosCleanupError(error)) {
+      process.stderr.write(`createos-exec: ${error.message}\n`)
+      return 125
+    }
+    if (interrupted) {
+      process.stderr.write('createos-exec: cancelled; the command\'s processes were terminated.\n')
+      return 128 + interrupted
+    }
+    process.stderr.write(`createos-exec: ${error && error.message ? error.message : String(error)}\n`)
+    return 1
+  } finally {
+    clearTimeout(timer)
+    if (emulator) await emulator.close()
+  }
+}
+
+if (require.main === module) {
+  main(process.argv.slice(2)).then((code) => {
+    process.exitCode = code
+    // Everything is closed by now; never linger on a stray handle.
+    setTimeout(() => process.exit(code), 1000).unref()
+  }, (error) => {
+    process.stderr.write(`createos-exec: ${error && error.message ? error.message : String(error)}\n`)
+    process.exitCode = 1
+  })
+}
+
+module.exports = { main, parseArgs }

@@ -1,0 +1,199 @@
+/// <reference types="node" />
+// Hand-written public types of `createos-execute`. The generated `binding.d.ts`
+// describes the native layer underneath; hosts import only from here.
+
+/**
+ * How requests to one API origin are paced (one budget shared by the whole process):
+ * `'window'` = at most 300 request starts in any 60 s; `'spacing'` = starts at least
+ * 300 ms apart (the TypeScript module's rule); `'off'`; or the same with other numbers.
+ */
+export type CreateosPacing =
+  | 'window'
+  | 'spacing'
+  | 'off'
+  | { limit: number; windowMs?: number }
+  | { intervalMs: number }
+
+/** `client.config` as this package reads it. Extra host fields are allowed and ignored. */
+export interface CreateosConfigLike {
+  /** `https://…` origin (optionally ending in `/v1`); plain `http` only on loopback. */
+  apiUrl: string
+  /** Used when the client has no `apiKey` of its own; else `CREATEOS_API_KEY`. */
+  apiKey?: string | null
+  /** Per-request deadline and the fresh cleanup deadline, in ms. Default 300000. */
+  timeoutMs?: number
+  /** Request pacing per API origin. Default `'window'` (300 starts in any 60 s). */
+  pacing?: CreateosPacing
+  /** Grace periods of successive DELETE attempts during cleanup, in ms; the last one repeats until the deadline. Default `[1000, 5000]`. */
+  cleanupGraceMs?: number[]
+  /** Long-poll budget of one `wait?scope=tree` confirmation during cleanup, in ms. Default 1000. */
+  confirmPollMs?: number
+  /** Deadline for the whole cleanup, in ms. Default `timeoutMs`. */
+  cleanupDeadlineMs?: number
+  /** Reproduce the TypeScript module's cleanup exactly (one DELETE, grace 1000 ms, no confirmation). */
+  legacyCleanup?: boolean
+  /** What to do with processes a command left running after it exited. Default `'keep'`. */
+  leftoverProcesses?: 'keep' | 'terminate'
+  /** Reconnect when the output stream carries nothing (not even a heartbeat) for this long, in ms. */
+  streamIdleTimeoutMs?: number
+}
+
+/** The host's `CreateosClient`, or a plain `{ config, apiKey }`. */
+export interface CreateosClientLike {
+  readonly config: CreateosConfigLike
+  readonly apiKey?: string | null
+}
+
+export interface ExecuteParams {
+  /** The sandbox: `lease.providerLeaseId` is its id. */
+  lease: { providerLeaseId: string | null }
+  command: string
+  args?: string[]
+  cwd?: string
+  env?: Record<string, string>
+  stdin?: string | null
+}
+
+// A type alias (not an interface) so it is assignable to the host's `Record<string, unknown>`.
+export type ExecuteMetadata = {
+  /** The managed process (`execute`); `null` for `executeStream` or when none was created. */
+  processId: string | null
+  /** True when stdout or stderr kept only its last 4,194,304 characters. */
+  outputTruncated: boolean
+  /** Whether the whole process tree had exited when the command finished; `null` when unknown. */
+  treeExited: boolean | null
+}
+
+export type ExecuteResult = {
+  exitCode: number | null
+  signal: string | null
+  timedOut: boolean
+  stdout: string
+  stderr: string
+  metadata: ExecuteMetadata
+}
+
+export type OutputStream = 'stdout' | 'stderr'
+export type LogFn = (stream: OutputStream, text: string) => void | Promise<void>
+
+export interface ProcessExit {
+  exitCode: number | null
+  signal: string | null
+}
+
+/**
+ * Runs `command` in the sandbox as a managed process and resolves when it exits.
+ * A signal aborted with a `TimeoutError` reason resolves `{ timedOut: true }`;
+ * any other abort rejects with `CreateOS command was cancelled.`.
+ */
+export declare function execute(
+  client: CreateosClientLike,
+  params: ExecuteParams,
+  signal?: AbortSignal,
+  log?: LogFn,
+): Promise<ExecuteResult>
+
+/** Same contract over `POST /exec?stream=true` (no process id, no reconnect). */
+export declare function executeStream(
+  client: CreateosClientLike,
+  params: ExecuteParams,
+  signal?: AbortSignal,
+  log?: LogFn,
+): Promise<ExecuteResult>
+
+/** Follows the output of a process the host created, until it exits. */
+export declare function followProcess(
+  client: CreateosClientLike,
+  sandboxId: string,
+  processId: string,
+  signal: AbortSignal | undefined,
+  onData: (stream: 'stdout' | 'stderr' | 'pty', bytes: Buffer) => void,
+  onConnected?: () => void,
+): Promise<ProcessExit>
+
+/** Single-quotes a value for bash. Throws on NUL. */
+export declare function shellQuote(value: string): string
+
+/** Waits for this process's request budget for the API origin of `apiUrl`. */
+export declare function waitForRequest(apiUrl: string, signal?: AbortSignal): Promise<void>
+
+/** Destroys a sandbox (lease); 404 counts as success. */
+export declare function destroySandbox(client: CreateosClientLike, sandboxId: string): Promise<void>
+
+export declare class CreateosApiError extends Error {
+  readonly status: number
+  constructor(status: number, operation?: string, options?: { message?: string; cause?: unknown })
+}
+
+export type CleanupReason = 'creation-unconfirmed' | 'termination-unconfirmed'
+
+export interface CleanupAttempt {
+  /** e.g. `delete`, `wait`, `list` */
+  step: string
+  graceMs?: number
+  /** e.g. `tree_exited:false`, `http 503`, `no response`, `gone` */
+  outcome: string
+  /** Milliseconds since the cleanup started. */
+  atMs: number
+}
+
+export declare class CreateosCleanupError extends Error {
+  readonly reason?: CleanupReason
+  readonly sandboxId?: string
+  readonly processId?: string
+  readonly attempts: CleanupAttempt[]
+  constructor(message?: string, options?: {
+    reason?: CleanupReason
+    sandboxId?: string
+    processId?: string
+    attempts?: CleanupAttempt[]
+    cause?: unknown
+  })
+}
+
+/** True for a `CreateosCleanupError` from this or any other loaded copy of the package. */
+export declare function isCreateosCleanupError(error: unknown): error is CreateosCleanupError
+
+// ---------------------------------------------------------------------------
+// Local emulator (for tests, demos and development: it isolates nothing)
+
+export interface EmulatorOptions {
+  /** 0 or absent: a free port on 127.0.0.1. */
+  port?: number
+  /** Absent: a random key. */
+  apiKey?: string
+  /** Requests per minute per key; `null` turns the limit off. Default 300. */
+  rateLimitPerMinute?: number | null
+  /** Output journal per process, in bytes. Default 1 MiB. */
+  journalBytes?: number
+}
+
+export interface EmulatorRequest {
+  method: string
+  path: string
+  query: string
+  /** Route pattern, e.g. `DELETE /v1/sandboxes/:id/processes/:pid`. */
+  route: string
+  status: number
+  atMs: number
+  durationMs: number
+}
+
+export interface Emulator {
+  readonly url: string
+  readonly apiKey: string
+  requests(): EmulatorRequest[]
+  clearRequests(): void
+  /** Adds a fault rule (see README, "Emulator faults"). */
+  addFault(rule: Record<string, unknown>): void
+  clearFaults(): void
+  /** Creates a running sandbox and returns its id. */
+  createSandbox(): string
+  processOutput(sandboxId: string, processId: string): { stdout: Buffer; stderr: Buffer } | null
+  /** Pids of every process the emulator started that is still alive. */
+  livePids(): number[]
+  /** Ends every process it started and stops listening. */
+  close(): Promise<void>
+}
+
+export declare function startEmulator(options?: EmulatorOptions): Promise<Emulator>
