@@ -86,19 +86,20 @@ fn tree_exited(data: &Map<String, Value>) -> bool {
     data.get("tree_exited") == Some(&Value::Bool(true))
 }
 
-/// Terminates the tree of `process_id` and proves it. `Ok(())` = proven gone.
+/// Terminates the tree of `process_id` and proves it, within `ctx` (a cleanup context:
+/// its own deadline, never the caller's abort). `Ok(())` = proven gone.
 pub async fn terminate(
     client: &Client,
     sandbox_id: &str,
     process_id: &str,
     policy: &CleanupPolicy,
+    ctx: &Ctx,
     steps: &mut Steps,
 ) -> std::result::Result<(), ()> {
-    let ctx = Ctx::cleanup(policy.deadline);
     let base = format!("/sandboxes/{sandbox_id}/processes/{process_id}");
     if policy.legacy {
         let grace = 1000;
-        return match delete(client, &base, grace, &ctx).await {
+        return match delete(client, &base, grace, ctx).await {
             Ok(d) if tree_exited(&d) => {
                 steps.push("delete", Some(grace), "tree exited");
                 Ok(())
@@ -120,7 +121,7 @@ pub async fn terminate(
     let graces = if policy.graces_ms.is_empty() { vec![1000] } else { policy.graces_ms.clone() };
     for round in 0..MAX_ROUNDS {
         let grace = graces[round.min(graces.len() - 1)];
-        match delete(client, &base, grace, &ctx).await {
+        match delete(client, &base, grace, ctx).await {
             Ok(d) if tree_exited(&d) => {
                 steps.push("delete", Some(grace), "tree exited");
                 return Ok(());
@@ -143,7 +144,7 @@ pub async fn terminate(
             }
             Err(e) => steps.push("delete", Some(grace), outcome_of(&e)),
         }
-        match confirm(client, &base, policy.confirm_ms, &ctx).await {
+        match confirm(client, &base, policy.confirm_ms, ctx).await {
             Ok(true) => {
                 steps.push("wait", None, "tree exited");
                 return Ok(());
@@ -193,11 +194,11 @@ pub async fn recover_creation(
     sandbox_id: &str,
     marker: &str,
     policy: &CleanupPolicy,
+    ctx: &Ctx,
     steps: &mut Steps,
 ) -> std::result::Result<bool, ()> {
-    let ctx = Ctx::cleanup(policy.deadline);
     let list = client
-        .json(Operation::ProcessStatus, Method::GET, &format!("/sandboxes/{sandbox_id}/processes"), None, &ctx)
+        .json(Operation::ProcessStatus, Method::GET, &format!("/sandboxes/{sandbox_id}/processes"), None, ctx)
         .await;
     let data = match list {
         Ok(d) => d,
@@ -219,7 +220,7 @@ pub async fn recover_creation(
         .collect();
     steps.push("list", None, format!("found {}", ours.len()));
     for id in &ours {
-        terminate(client, sandbox_id, id, policy, steps).await?;
+        terminate(client, sandbox_id, id, policy, ctx, steps).await?;
     }
     Ok(!ours.is_empty())
 }
@@ -232,13 +233,17 @@ fn carries(process: &Value, marker: &str) -> bool {
     in_args || process.get("cmd").and_then(Value::as_str).is_some_and(|s| s.contains(marker))
 }
 
+/// The most a staged-file removal may add to a cleanup.
+pub const REMOVE_FILES_DEADLINE: Duration = Duration::from_secs(10);
+
 /// Removes staged files with a one-shot `/exec rm -f` (there is no file delete endpoint).
-/// Best effort: failures are ignored, as the files hold only the command's own stdin.
+/// Best effort: failures are ignored, as the files hold only the command's own stdin. Runs
+/// under its own short deadline, so a cleanup that used its whole deadline still tries.
 pub async fn remove_files(client: &Client, sandbox_id: &str, paths: &[&str], deadline: Duration) {
     if paths.is_empty() {
         return;
     }
-    let ctx = Ctx::cleanup(deadline);
+    let ctx = Ctx::cleanup(deadline.min(REMOVE_FILES_DEADLINE));
     let mut args = vec![Value::from("-f"), Value::from("--")];
     args.extend(paths.iter().map(|p| Value::from(*p)));
     let body = serde_json::json!({ "cmd": "/bin/rm", "args": args });

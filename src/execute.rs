@@ -118,20 +118,21 @@ pub async fn execute(cfg: &Config, params: &Params, abort: Abort, log: Option<mp
         }
         Err(err) => {
             let mut steps = Steps::new();
+            let cleanup_ctx = Ctx::cleanup(cfg.cleanup.deadline);
             let mut files: Vec<&str> = Vec::new();
             if progress.staged || progress.process_id.is_some() || progress.creation_ambiguous {
                 files.push(&gate_path);
                 files.extend(stdin_path.as_deref());
             }
             let contained = if let Some(pid) = &progress.process_id {
-                cleanup::terminate(&client, sb, pid, &cfg.cleanup, &mut steps)
+                cleanup::terminate(&client, sb, pid, &cfg.cleanup, &cleanup_ctx, &mut steps)
                     .await
                     .map_err(|_| CleanupReason::TerminationUnconfirmed)
             } else if progress.creation_ambiguous {
                 if cfg.cleanup.legacy {
                     Err(CleanupReason::CreationUnconfirmed)
                 } else {
-                    cleanup::recover_creation(&client, sb, &gate_path, &cfg.cleanup, &mut steps)
+                    cleanup::recover_creation(&client, sb, &gate_path, &cfg.cleanup, &cleanup_ctx, &mut steps)
                         .await
                         .map(|_| ())
                         .map_err(|_| CleanupReason::CreationUnconfirmed)
@@ -206,13 +207,11 @@ async fn run_managed(
     };
     progress.completed = true;
 
-    let mut tree_exited = followed.tree_exited;
-    if tree_exited.is_none() {
-        tree_exited = process_tree_exited(client, sb, &pid, ctx).await;
-    }
+    let tree_exited = followed.tree_exited;
     if cfg.leftover == Leftover::Terminate && tree_exited != Some(true) {
         let mut steps = Steps::new();
-        if cleanup::terminate(client, sb, &pid, &cfg.cleanup, &mut steps).await.is_err() {
+        let cleanup_ctx = Ctx::cleanup(cfg.cleanup.deadline);
+        if cleanup::terminate(client, sb, &pid, &cfg.cleanup, &cleanup_ctx, &mut steps).await.is_err() {
             return Err(steps.report(CleanupReason::TerminationUnconfirmed, sb, Some(&pid)));
         }
     }
@@ -223,15 +222,6 @@ async fn run_managed(
         tree_exited,
         ..Default::default()
     })
-}
-
-/// `tree_exited` of a process record, when the exit frame did not say (None on any failure).
-async fn process_tree_exited(client: &Client, sb: &str, pid: &str, ctx: &Ctx) -> Option<bool> {
-    let data = client
-        .json(Operation::ProcessStatus, Method::GET, &format!("/sandboxes/{sb}/processes/{pid}"), None, ctx)
-        .await
-        .ok()?;
-    data.get("tree_exited").and_then(Value::as_bool)
 }
 
 /// Runs one command through `/exec?stream=true` (no reconnect, no process id: a dropped

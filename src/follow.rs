@@ -7,6 +7,11 @@
 //! reconnected from the cursor, at most [`FollowOptions::max_reconnects`] times; then the exit
 //! is recovered with `wait?scope=tree` and accepted only when the journal's `newest_seq`
 //! equals the cursor (after one more round of replays if it does not yet).
+//!
+//! An exit frame is accepted only when every data frame before it was delivered: its
+//! `newest_seq` (or, when the frame has none, the process record's `output.newest_seq`) must
+//! equal the cursor. A missing tail — the last frames lost before the exit — is replayed by
+//! reconnecting from the cursor, never silently dropped.
 
 use std::future::Future;
 use std::time::Duration;
@@ -93,7 +98,18 @@ pub async fn follow(
             Ok(resp) => {
                 sink.connected();
                 match read_stream(resp, &mut cursor, ctx, sink, opts.idle_timeout).await? {
-                    Some(done) => return Ok(done),
+                    Some(exit) => {
+                        let (done, newest) = complete(client, &base, exit, ctx).await?;
+                        if newest < cursor {
+                            return Err(Error::Protocol(JOURNAL_INVALID));
+                        }
+                        if newest == cursor {
+                            return Ok(done);
+                        }
+                        // Frames before the exit are missing: replay them from the cursor.
+                        recovered = Some((done, newest));
+                        true
+                    }
                     None => true,
                 }
             }
@@ -128,6 +144,26 @@ pub async fn follow(
     }
 }
 
+/// An exit frame, before its completeness is checked.
+struct ExitFrame {
+    exit: ProcessExit,
+    tree_exited: Option<bool>,
+    newest_seq: Option<u64>,
+}
+
+/// The exit and the journal's last seq: from the frame, or (when the frame does not carry
+/// `newest_seq`) from the process record, which also fills a missing `tree_exited`.
+async fn complete(client: &Client, base: &str, frame: ExitFrame, ctx: &Ctx) -> Result<(Followed, u64)> {
+    let followed = |tree_exited| Followed { exit: frame.exit.clone(), tree_exited };
+    if let Some(newest) = frame.newest_seq {
+        return Ok((followed(frame.tree_exited), newest));
+    }
+    let record = client.json(Operation::ProcessStatus, Method::GET, base, None, ctx).await?;
+    let newest = newest_seq(&record).ok_or(Error::Protocol(JOURNAL_INVALID))?;
+    let tree_exited = frame.tree_exited.or_else(|| record.get("tree_exited").and_then(Value::as_bool));
+    Ok((followed(tree_exited), newest))
+}
+
 /// Reads one connection. `Ok(Some)` on an exit frame, `Ok(None)` when the connection ended
 /// or broke without one, `Err` on a protocol violation or an abort.
 async fn read_stream(
@@ -136,7 +172,7 @@ async fn read_stream(
     ctx: &Ctx,
     sink: &mut impl Sink,
     idle: Duration,
-) -> Result<Option<Followed>> {
+) -> Result<Option<ExitFrame>> {
     let mut body = resp.bytes_stream();
     let mut lines = LineSplitter::new();
     loop {
@@ -162,7 +198,7 @@ async fn read_stream(
     Ok(None)
 }
 
-async fn handle_line(line: &[u8], cursor: &mut u64, sink: &mut impl Sink) -> Result<Option<Followed>> {
+async fn handle_line(line: &[u8], cursor: &mut u64, sink: &mut impl Sink) -> Result<Option<ExitFrame>> {
     let Some(payload) = stream::payload(line) else { return Ok(None) };
     match stream::parse_process_frame(payload)? {
         ProcessFrame::Heartbeat => Ok(None),
@@ -177,7 +213,7 @@ async fn handle_line(line: &[u8], cursor: &mut u64, sink: &mut impl Sink) -> Res
             *cursor = seq;
             Ok(None)
         }
-        ProcessFrame::Exit { exit, tree_exited } => Ok(Some(Followed { exit, tree_exited })),
+        ProcessFrame::Exit { exit, tree_exited, newest_seq } => Ok(Some(ExitFrame { exit, tree_exited, newest_seq })),
         ProcessFrame::Error { evicted: true } => Err(Error::Protocol(stream::OUTPUT_EVICTED)),
         ProcessFrame::Error { evicted: false } => Err(Error::Protocol(stream::STREAM_ERROR)),
     }

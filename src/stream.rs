@@ -143,7 +143,10 @@ pub struct ProcessExit {
 pub enum ProcessFrame {
     Data { seq: u64, stream: StreamKind, bytes: Vec<u8> },
     Heartbeat,
-    Exit { exit: ProcessExit, tree_exited: Option<bool> },
+    /// The process exited. `tree_exited` and `newest_seq` (the last data seq) are used when
+    /// the server sends them; the vendor documents neither, so a client asks when they are
+    /// missing.
+    Exit { exit: ProcessExit, tree_exited: Option<bool>, newest_seq: Option<u64> },
     /// An `error` frame. `evicted` when the server says the output was evicted.
     Error { evicted: bool },
 }
@@ -166,6 +169,8 @@ struct RawProcessFrame<'a> {
     error: Option<&'a RawValue>,
     #[serde(borrow)]
     tree_exited: Option<&'a RawValue>,
+    #[serde(borrow)]
+    newest_seq: Option<&'a RawValue>,
 }
 
 /// A JSON string value without copying when it has no escapes.
@@ -212,8 +217,16 @@ pub fn exit_status(exit_code: &serde_json::Value, signal: &serde_json::Value) ->
     Ok(ProcessExit { exit_code: code, signal: sig })
 }
 
+/// A frame is a JSON object (serde would also read a struct from an array).
+fn is_object(payload: &[u8]) -> bool {
+    payload.trim_ascii_start().first() == Some(&b'{')
+}
+
 /// Parses one `connect` frame (the payload of a line).
 pub fn parse_process_frame(payload: &[u8]) -> Result<ProcessFrame> {
+    if !is_object(payload) {
+        return Err(Error::Protocol(INVALID_FRAME));
+    }
     let raw: RawProcessFrame<'_> =
         serde_json::from_slice(payload).map_err(|_| Error::Protocol(INVALID_FRAME))?;
     let kind = raw.kind.and_then(raw_str);
@@ -238,7 +251,13 @@ pub fn parse_process_frame(payload: &[u8]) -> Result<ProcessFrame> {
         Some("exit") => {
             let exit = exit_status(&raw_value(raw.exit_code), &raw_value(raw.signal))?;
             let tree_exited = raw_value(raw.tree_exited).as_bool();
-            Ok(ProcessFrame::Exit { exit, tree_exited })
+            let newest_seq = match raw.newest_seq {
+                None => None,
+                Some(n) => Some(
+                    safe_integer(&raw_value(Some(n))).filter(|n| *n >= 0).ok_or(Error::Protocol(INVALID_SEQ))? as u64,
+                ),
+            };
+            Ok(ProcessFrame::Exit { exit, tree_exited, newest_seq })
         }
         Some("error") => {
             let evicted = raw.error.and_then(raw_str).as_deref() == Some("output_offset_expired");
@@ -274,6 +293,9 @@ struct RawExecFrame {
 }
 
 pub fn parse_exec_frame(payload: &[u8]) -> Result<ExecFrame> {
+    if !is_object(payload) {
+        return Err(Error::Protocol(INVALID_EXEC_EVENT));
+    }
     let raw: RawExecFrame =
         serde_json::from_slice(payload).map_err(|_| Error::Protocol(INVALID_EXEC_EVENT))?;
     let text = |v: serde_json::Value| match v {
@@ -375,13 +397,21 @@ mod tests {
         }
         assert_eq!(
             parse_process_frame(br#"{"type":"exit","exit_code":null,"signal":"SIGKILL","tree_exited":true}"#).unwrap(),
-            ProcessFrame::Exit { exit: ProcessExit { exit_code: None, signal: Some("SIGKILL".into()) }, tree_exited: Some(true) }
+            ProcessFrame::Exit { exit: ProcessExit { exit_code: None, signal: Some("SIGKILL".into()) }, tree_exited: Some(true), newest_seq: None }
         );
         assert!(matches!(parse_process_frame(br#"{"type":"exit"}"#), Err(Error::Protocol(EXIT_STATUS_MISSING))));
         assert!(matches!(parse_process_frame(br#"{"type":"exit","signal":"kill"}"#), Err(Error::Protocol(EXIT_STATUS_MISSING))));
         assert_eq!(parse_process_frame(br#"{"type":"error","error":"output_offset_expired"}"#).unwrap(), ProcessFrame::Error { evicted: true });
         assert!(matches!(parse_process_frame(br#"{"type":"nope"}"#), Err(Error::Protocol(UNKNOWN_EVENT))));
         assert!(matches!(parse_process_frame(b"[1]"), Err(Error::Protocol(INVALID_FRAME))));
+        // serde reads structs from arrays too; frames are objects only.
+        assert!(matches!(parse_process_frame(br#"["data",1,"stdout","aGk=",null,null,null,null]"#), Err(Error::Protocol(INVALID_FRAME))));
+        assert!(parse_exec_frame(br#"["%",""]"#).is_err());
+        assert!(matches!(
+            parse_process_frame(br#"{"type":"exit","exit_code":0,"newest_seq":7}"#).unwrap(),
+            ProcessFrame::Exit { newest_seq: Some(7), .. }
+        ));
+        assert!(parse_process_frame(br#"{"type":"exit","exit_code":0,"newest_seq":-1}"#).is_err());
         assert!(matches!(parse_process_frame(b"{"), Err(Error::Protocol(INVALID_FRAME))));
     }
 

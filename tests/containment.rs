@@ -233,3 +233,15 @@ async fn already_aborted_sends_nothing() {
     assert!(emu.requests().is_empty());
     emu.close().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn frames_lost_just_before_the_exit_are_replayed_not_dropped() {
+    let emu = emu().await;
+    let sb = emu.create_sandbox_now();
+    fault(&emu, json!({ "route": "connect", "times": 1, "action": { "kind": "gapAfterFrames", "frames": 1 } }));
+    let r = execute(&cfg(&emu, json!({})), &params(&sb, "printf a; sleep 0.05; printf b"), Abort::new(), None).await.unwrap();
+    assert_eq!((r.exit_code, r.stdout.as_str()), (Some(0), "ab"));
+    let connects: Vec<_> = emu.requests().into_iter().filter(|q| q.route == "connect").map(|q| q.query).collect();
+    assert_eq!(connects, vec!["after=0", "after=1"]);
+    emu.close().await;
+}

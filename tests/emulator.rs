@@ -890,7 +890,8 @@ async fn connect_stream_faults() {
         );
         let text = fetch(r#"{"kind":"oversizeFrame"}"#).await;
         assert!(text.lines().next().unwrap().len() > 1024 * 1024);
-        assert!(text.trim_end().ends_with(r#""tree_exited":true}"#));
+        let last = text.trim_end().lines().last().unwrap();
+        assert!(last.contains(r#""type":"exit""#) && last.contains(r#""tree_exited":true"#), "{last}");
         let t = Instant::now();
         let text = fetch(r#"{"kind":"heartbeatsOnly","ms":300}"#).await;
         assert!(t.elapsed() >= Duration::from_millis(300));

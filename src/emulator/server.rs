@@ -721,6 +721,8 @@ async fn delete_process(
         });
         return ok(StatusCode::OK, answer);
     }
+    // A DELETE without a fault tells the truth again (an earlier stubborn answer is over).
+    p.st.lock().unwrap().tree_hold = false;
     model::terminate(inner, &p, Duration::from_millis(grace)).await;
     ok(StatusCode::OK, p.to_json())
 }

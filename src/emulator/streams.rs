@@ -139,14 +139,17 @@ fn data_line(seq: i64, stream: u8, b64: &str) -> String {
 const HEARTBEAT_LINE: &[u8] = br#"{"type":"heartbeat"}"#;
 
 fn exit_line(p: &Proc) -> String {
+    let newest = p.journal.lock().unwrap().newest_seq();
     let st = p.st.lock().unwrap();
-    exit_json(st.exit_code, st.signal.as_deref(), st.tree_exited())
+    exit_json(st.exit_code, st.signal.as_deref(), st.tree_exited(), newest.max(st.fake_newest))
 }
 
-/// Exit frame with `type` first (serde_json maps would sort the keys).
-fn exit_json(code: Option<i32>, signal: Option<&str>, tree_exited: bool) -> String {
+/// Exit frame with `type` first (serde_json maps would sort the keys). Besides the documented
+/// `exit_code`/`signal` it carries `tree_exited` and `newest_seq` (the last data seq): fields a
+/// client may use when present and must ask for (GET the process) when absent.
+fn exit_json(code: Option<i32>, signal: Option<&str>, tree_exited: bool, newest_seq: u64) -> String {
     format!(
-        r#"{{"type":"exit","exit_code":{},"signal":{},"tree_exited":{tree_exited}}}"#,
+        r#"{{"type":"exit","exit_code":{},"signal":{},"tree_exited":{tree_exited},"newest_seq":{newest_seq}}}"#,
         code.map(|c| c.to_string()).unwrap_or_else(|| "null".into()),
         signal
             .map(|s| json!(s).to_string())
@@ -304,7 +307,7 @@ async fn fast_stream(proc: &Arc<Proc>, after: u64, mib: u64, frame_bytes: usize,
         }
     }
     let tree = proc.st.lock().unwrap().tree_exited();
-    let _ = out.line(exit_json(Some(0), None, tree).as_bytes()).await;
+    let _ = out.line(exit_json(Some(0), None, tree, n).as_bytes()).await;
 }
 
 /// Length of an incomplete UTF-8 sequence at the end of `b` (0 when none).

@@ -1,0 +1,257 @@
+//! Property tests (issue 6, part 2), run by `cargo test --no-default-features`:
+//!
+//! - `script::shell_quote` round-trips any string without NUL through real `/bin/bash`: as a
+//!   command argument, as an environment value (through `script::command_script`), and as a
+//!   working directory (a temp dir of that name, where the OS allows the name);
+//! - `output::Utf8Decoder` across arbitrary splits equals `String::from_utf8_lossy` of the
+//!   whole;
+//! - `output::Tail` keeps the last N UTF-16 units of the whole for any chunking (one unit
+//!   fewer exactly when the cut would start inside a surrogate pair).
+//!
+//! The bash properties spawn one bash per case, so they run 64 cases each.
+
+use std::path::PathBuf;
+use std::process::Command as Proc;
+
+use createos_execute::output::{utf16_len, Tail, Utf8Decoder};
+use createos_execute::script::{command_script, shell_quote, Command};
+use proptest::prelude::*;
+
+// ---------------------------------------------------------------------------
+// Strategies
+
+/// Characters bash treats specially, plus control characters and multi-byte ones.
+const NASTY: &[char] = &[
+    '\'', '"', '\\', '$', '`', '!', '*', '?', '[', ']', '{', '}', '(', ')', '<', '>', '|', '&', ';', '#', '~',
+    '=', '%', '^', ' ', '\t', '\n', '\r', '\x01', '\x1b', '\x7f', '-', '\u{85}', '\u{a0}', 'é', '€', '😀',
+    '\u{fffd}', '\u{feff}', '\u{202e}',
+];
+
+fn nasty_char() -> impl Strategy<Value = char> {
+    prop_oneof![
+        3 => prop::sample::select(NASTY),
+        2 => any::<char>(),
+        1 => prop::char::range('a', 'z'),
+    ]
+    .prop_filter("no NUL", |c| *c != '\0')
+}
+
+/// Any string without NUL, biased towards shell metacharacters.
+fn shell_string() -> impl Strategy<Value = String> {
+    prop::collection::vec(nasty_char(), 0..40).prop_map(|v| v.into_iter().collect())
+}
+
+/// Byte streams that mix valid multi-byte sequences, their fragments, and junk.
+fn utf8ish_bytes() -> impl Strategy<Value = Vec<u8>> {
+    let piece = prop_oneof![
+        3 => any::<String>().prop_map(String::into_bytes),
+        2 => prop::sample::select(vec!["é", "€", "😀", "\u{10ffff}", "\u{fffd}", "a"]).prop_map(|s| s.as_bytes().to_vec()),
+        2 => prop::sample::select(vec![
+            &b"\xe2\x82"[..], b"\xf0\x9f\x98", b"\xf0\x9f", b"\xc3", b"\xed\xa0\x80", b"\xed\xbf\xbf",
+            b"\xc0\xaf", b"\xe0\x80\xaf", b"\xf4\x90\x80\x80", b"\xf5", b"\xff", b"\x80", b"\xbf",
+        ]).prop_map(<[u8]>::to_vec),
+        1 => prop::collection::vec(any::<u8>(), 0..8),
+    ];
+    prop::collection::vec(piece, 0..24).prop_map(|v| v.concat())
+}
+
+/// Splits `len` bytes at sorted cut points.
+fn cuts(len: usize, raw: &[prop::sample::Index]) -> Vec<usize> {
+    let mut c: Vec<usize> = raw.iter().map(|i| i.index(len + 1)).collect();
+    c.push(0);
+    c.push(len);
+    c.sort_unstable();
+    c.dedup();
+    c
+}
+
+// ---------------------------------------------------------------------------
+// bash helpers
+
+fn bash(script: &str) -> std::process::Output {
+    Proc::new("/bin/bash").arg("-c").arg(script).env("LC_ALL", "C").output().expect("spawn /bin/bash")
+}
+
+fn stdout_of(out: &std::process::Output) -> &[u8] {
+    assert!(out.status.success(), "bash failed: {:?} stderr={}", out.status, String::from_utf8_lossy(&out.stderr));
+    &out.stdout
+}
+
+/// A fresh directory under the system temp dir for one case; removed on drop.
+struct TempDir(PathBuf);
+
+impl TempDir {
+    fn new(tag: &str) -> TempDir {
+        use std::sync::atomic::{AtomicUsize, Ordering};
+        static N: AtomicUsize = AtomicUsize::new(0);
+        let n = N.fetch_add(1, Ordering::SeqCst);
+        let p = std::env::temp_dir().join(format!("cos-prop-{tag}-{}-{n}", std::process::id()));
+        std::fs::create_dir_all(&p).expect("create temp dir");
+        TempDir(p)
+    }
+}
+
+impl Drop for TempDir {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+// ---------------------------------------------------------------------------
+// shell_quote through bash
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 64, ..ProptestConfig::default() })]
+
+    #[test]
+    fn shell_quote_round_trips_as_an_argument(value in shell_string()) {
+        let q = shell_quote(&value).unwrap();
+        // Two words: a sentinel proves the value stayed one word even when it is empty.
+        let out = bash(&format!("printf '%s|' {q} end"));
+        let want = format!("{value}|end|");
+        prop_assert_eq!(stdout_of(&out), want.as_bytes());
+    }
+
+    #[test]
+    fn shell_quote_round_trips_as_an_env_value_through_command_script(value in shell_string()) {
+        let env = vec![("COS_PROP_VALUE".to_string(), value.clone())];
+        let args = vec!["-c".to_string(), "printf '%s' \"$COS_PROP_VALUE\"".to_string()];
+        let cmd = Command { command: "/bin/bash", args: &args, cwd: None, env: &env };
+        let script = command_script(&cmd, None).unwrap();
+        let out = bash(&script);
+        prop_assert_eq!(stdout_of(&out), value.as_bytes());
+    }
+
+    #[test]
+    fn shell_quote_round_trips_as_a_cwd_through_command_script(
+        name in shell_string().prop_filter("a name the OS allows", |s| {
+            !s.is_empty() && s != "." && s != ".." && !s.contains('/') && s.len() <= 255
+        })
+    ) {
+        let base = TempDir::new("cwd");
+        let dir = base.0.join(&name);
+        std::fs::create_dir(&dir).expect("the OS allows this name");
+        let dir_str = dir.to_str().expect("utf-8 path").to_owned();
+        // `pwd -P` prints the physical directory the command really runs in.
+        let args = vec!["-c".to_string(), "pwd -P".to_string()];
+        let cmd = Command { command: "/bin/bash", args: &args, cwd: Some(&dir_str), env: &[] };
+        let out = bash(&command_script(&cmd, None).unwrap());
+        let physical = std::fs::canonicalize(&dir).unwrap();
+        let mut want = physical.to_str().unwrap().as_bytes().to_vec();
+        want.push(b'\n');
+        prop_assert_eq!(stdout_of(&out), want.as_slice());
+    }
+}
+
+#[test]
+fn shell_quote_refuses_nul() {
+    assert!(shell_quote("a\0b").is_err());
+    assert!(shell_quote("\0").is_err());
+}
+
+// ---------------------------------------------------------------------------
+// UTF-8 decoding and the tail
+
+fn decode_split(bytes: &[u8], cut: &[usize], tail: Option<&mut Tail>) -> String {
+    let mut d = Utf8Decoder::default();
+    let mut out = String::new();
+    let mut tail = tail;
+    let mut emit = |s: &str| {
+        out.push_str(s);
+        if let Some(t) = tail.as_deref_mut() {
+            t.push(s);
+        }
+    };
+    for w in cut.windows(2) {
+        d.write(&bytes[w[0]..w[1]], &mut emit);
+    }
+    d.finish(&mut emit);
+    out
+}
+
+/// Checks a tail of `cap` units against the whole text.
+fn check_tail(whole: &str, cap: usize, truncated: bool, kept: &str) -> Result<(), TestCaseError> {
+    let units: Vec<u16> = whole.encode_utf16().collect();
+    prop_assert_eq!(utf16_len(whole), units.len());
+    prop_assert_eq!(truncated, units.len() > cap, "truncated flag");
+    let want = &units[units.len().saturating_sub(cap)..];
+    let got: Vec<u16> = kept.encode_utf16().collect();
+    if got.as_slice() != want {
+        // The documented rule: never start inside a surrogate pair.
+        prop_assert!(
+            !want.is_empty() && (0xDC00..0xE000).contains(&want[0]) && got.as_slice() == &want[1..],
+            "tail of {} units: got {} units, want {} (or one fewer at a pair)",
+            cap,
+            got.len(),
+            want.len()
+        );
+    }
+    Ok(())
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 512, ..ProptestConfig::default() })]
+
+    #[test]
+    fn utf8_decoding_across_any_splits_equals_lossy_decoding_of_the_whole(
+        bytes in utf8ish_bytes(),
+        raw_cuts in prop::collection::vec(any::<prop::sample::Index>(), 0..12),
+    ) {
+        let cut = cuts(bytes.len(), &raw_cuts);
+        let got = decode_split(&bytes, &cut, None);
+        prop_assert_eq!(got, String::from_utf8_lossy(&bytes).into_owned());
+    }
+
+    #[test]
+    fn utf8_decoding_byte_by_byte_equals_lossy_decoding(bytes in utf8ish_bytes()) {
+        let cut: Vec<usize> = (0..=bytes.len()).collect();
+        prop_assert_eq!(decode_split(&bytes, &cut, None), String::from_utf8_lossy(&bytes).into_owned());
+    }
+
+    #[test]
+    fn tail_keeps_the_last_units_for_any_chunking(
+        chunks in prop::collection::vec(any::<String>(), 0..16),
+        cap in 0usize..64,
+    ) {
+        let mut t = Tail::new(cap);
+        for c in &chunks {
+            t.push(c);
+        }
+        let whole = chunks.concat();
+        let truncated = t.truncated();
+        check_tail(&whole, cap, truncated, &t.into_string())?;
+    }
+
+    #[test]
+    fn decoder_feeding_a_tail_keeps_the_last_units_of_the_lossy_whole(
+        bytes in utf8ish_bytes(),
+        raw_cuts in prop::collection::vec(any::<prop::sample::Index>(), 0..12),
+        cap in 0usize..48,
+    ) {
+        let cut = cuts(bytes.len(), &raw_cuts);
+        let mut t = Tail::new(cap);
+        let whole = decode_split(&bytes, &cut, Some(&mut t));
+        let truncated = t.truncated();
+        check_tail(&whole, cap, truncated, &t.into_string())?;
+    }
+}
+
+proptest! {
+    // Large inputs: several 64 KiB pieces, so whole pieces are dropped from the front.
+    #![proptest_config(ProptestConfig { cases: 24, ..ProptestConfig::default() })]
+
+    #[test]
+    fn tail_keeps_the_last_units_across_many_pieces(
+        parts in prop::collection::vec((prop::sample::select(vec!["a", "é", "€", "😀", "ab😀", "\u{fffd}x"]), 1usize..30_000), 1..10),
+        cap in prop_oneof![0usize..10, 60_000usize..140_000, 200_000usize..400_000],
+    ) {
+        let chunks: Vec<String> = parts.iter().map(|(s, n)| s.repeat(*n)).collect();
+        let mut t = Tail::new(cap);
+        for c in &chunks {
+            t.push(c);
+        }
+        let whole = chunks.concat();
+        let truncated = t.truncated();
+        check_tail(&whole, cap, truncated, &t.into_string())?;
+    }
+}
