@@ -19,6 +19,7 @@ use std::time::Duration;
 use futures_util::StreamExt;
 use reqwest::Method;
 use serde_json::{Map, Value};
+use tokio::sync::mpsc;
 
 use crate::abort::Ctx;
 use crate::client::{Body, Client, Retry};
@@ -164,8 +165,24 @@ async fn complete(client: &Client, base: &str, frame: ExitFrame, ctx: &Ctx) -> R
     Ok((followed(tree_exited), newest))
 }
 
+/// How many body chunks the reader task may read ahead of the parser (bounded memory: a
+/// chunk is at most a few tens of KiB).
+const READ_AHEAD: usize = 32;
+
+/// Ends a task when dropped (the reader of a connection we stopped following).
+struct AbortOnDrop(tokio::task::JoinHandle<()>);
+
+impl Drop for AbortOnDrop {
+    fn drop(&mut self) {
+        self.0.abort();
+    }
+}
+
 /// Reads one connection. `Ok(Some)` on an exit frame, `Ok(None)` when the connection ended
 /// or broke without one, `Err` on a protocol violation or an abort.
+///
+/// A reader task receives the body while this task parses and captures (the two overlap,
+/// on two cores); the bounded channel between them keeps backpressure intact.
 async fn read_stream(
     resp: reqwest::Response,
     cursor: &mut u64,
@@ -173,10 +190,19 @@ async fn read_stream(
     sink: &mut impl Sink,
     idle: Duration,
 ) -> Result<Option<ExitFrame>> {
-    let mut body = resp.bytes_stream();
+    let (tx, mut body) = mpsc::channel(READ_AHEAD);
+    let _reader = AbortOnDrop(tokio::spawn(async move {
+        let mut stream = resp.bytes_stream();
+        while let Some(chunk) = stream.next().await {
+            let broke = chunk.is_err();
+            if tx.send(chunk).await.is_err() || broke {
+                break;
+            }
+        }
+    }));
     let mut lines = LineSplitter::new();
     loop {
-        let next = ctx.run(async { Ok(tokio::time::timeout(idle, body.next()).await) }).await?;
+        let next = ctx.run(async { Ok(tokio::time::timeout(idle, body.recv()).await) }).await?;
         let chunk = match next {
             Err(_) => return Ok(None),           // idle: treat as broken
             Ok(None) => break,                   // ended

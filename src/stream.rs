@@ -8,7 +8,6 @@
 
 use std::borrow::Cow;
 
-use base64::Engine;
 use bytes::{Buf, BytesMut};
 use serde::Deserialize;
 use serde_json::value::RawValue;
@@ -243,9 +242,7 @@ pub fn parse_process_frame(payload: &[u8]) -> Result<ProcessFrame> {
                 _ => return Err(Error::Protocol(INVALID_OUTPUT)),
             };
             let data = raw.data_base64.and_then(raw_str).ok_or(Error::Protocol(INVALID_OUTPUT))?;
-            let bytes = base64::engine::general_purpose::STANDARD
-                .decode(data.as_bytes())
-                .map_err(|_| Error::Protocol(INVALID_OUTPUT))?;
+            let bytes = base64_simd::STANDARD.decode_to_vec(data.as_bytes()).map_err(|_| Error::Protocol(INVALID_OUTPUT))?;
             Ok(ProcessFrame::Data { seq, stream, bytes })
         }
         Some("exit") => {

@@ -1,0 +1,655 @@
+#!/usr/bin/env node
+// `npm run bench`: the performance numbers of issue 5, measured against the
+// local emulator. Prints the machine, a table (median of N runs with min/max)
+// and writes bench-results/latest.json.
+//
+//   node benches/run.mjs [--quick] [--runs N] [--sections 1,2,3,4,5,6]
+//                        [--emulator child|inproc|both] [--baseline build|auto|skip]
+//                        [--out FILE]
+//
+// --quick      CI smoke test: small sizes, 3 runs, fewer concurrent commands; same table.
+// --emulator   where the emulator runs. `child` (default for every section): a node
+//              child process, so the client under test does not share its process and
+//              tokio runtime with the server. `both` (default for §1 in a full run) also
+//              measures §1 with the emulator inside the bench process.
+// --baseline   the Rust discard client of §1 (examples/discard_client.rs). `build`
+//              (full run default) runs `cargo build --release --no-default-features
+//              --example discard_client` before any timing; `auto` (quick default) uses the
+//              binary if it is already built; `skip` leaves the baseline out.
+//
+// Nothing here asserts timings: the machine may be noisy. Targets are printed beside
+// the numbers for the reader.
+import { execFile, execFileSync, fork } from 'node:child_process'
+import { existsSync, mkdirSync, writeFileSync, unlinkSync } from 'node:fs'
+import { createRequire } from 'node:module'
+import os from 'node:os'
+import { join } from 'node:path'
+import { promisify } from 'node:util'
+import { api, startEmu } from './lib/emu.mjs'
+import { pidsOf, startScanner } from './lib/procscan.mjs'
+import { fmt, renderTable, stats } from './lib/stats.mjs'
+
+const require = createRequire(import.meta.url)
+const { loadLib, ROOT } = require('./lib/load.cjs')
+const execFileP = promisify(execFile)
+
+const MiB = 1024 * 1024
+const TAIL_CHARS = 4_194_304
+const sleep = (ms) => new Promise((r) => setTimeout(r, ms))
+const now = () => performance.now()
+
+// ---------------------------------------------------------------------------
+// Options
+
+function parseArgs(argv) {
+  const o = { quick: false, runs: undefined, sections: undefined, emulator: undefined, baseline: undefined, out: undefined }
+  for (let i = 0; i < argv.length; i++) {
+    const a = argv[i]
+    const val = () => {
+      if (a.includes('=')) return a.slice(a.indexOf('=') + 1)
+      if (i + 1 >= argv.length) throw new Error(`${a} needs a value`)
+      return argv[++i]
+    }
+    const name = a.includes('=') ? a.slice(0, a.indexOf('=')) : a
+    switch (name) {
+      case '--quick': o.quick = true; break
+      case '--runs': o.runs = Number(val()); break
+      case '--sections': o.sections = new Set(val().split(',').map((s) => s.trim())); break
+      case '--emulator': o.emulator = val(); break
+      case '--baseline': o.baseline = val(); break
+      case '--out': o.out = val(); break
+      case '-h': case '--help':
+        process.stdout.write('usage: node benches/run.mjs [--quick] [--runs N] [--sections 1,2,3,4,5,6] [--emulator child|inproc|both] [--baseline build|auto|skip] [--out FILE]\n')
+        process.exit(0)
+        break
+      default: throw new Error(`unknown argument ${a}`)
+    }
+  }
+  if (o.emulator && !['child', 'inproc', 'both'].includes(o.emulator)) throw new Error('--emulator must be child, inproc or both')
+  if (o.baseline && !['build', 'auto', 'skip'].includes(o.baseline)) throw new Error('--baseline must be build, auto or skip')
+  if (o.runs !== undefined && !(Number.isInteger(o.runs) && o.runs >= 1)) throw new Error('--runs needs a positive integer')
+  const q = o.quick
+  return {
+    ...o,
+    runs: o.runs ?? (q ? 3 : 5),
+    sections: o.sections ?? new Set(['1', '2', '3', '4', '5', '6']),
+    emulator: o.emulator ?? (q ? 'child' : 'both'),
+    baseline: o.baseline ?? (q ? 'auto' : 'build'),
+    out: o.out ?? join(ROOT, 'bench-results', q ? 'quick.json' : 'latest.json'),
+    sizesMiB: q ? [8] : [256, 1024],
+    smallFrame: { mib: q ? 1 : 16, frameBytes: 1024 },
+    memoryMiB: q ? 32 : 1024,
+    concurrency: q ? 5 : 20,
+    holdMs: q ? 1000 : 2000,
+  }
+}
+
+// ---------------------------------------------------------------------------
+// Shared helpers
+
+const lib = loadLib()
+
+function clientFor(emu, pacing) {
+  const config = { apiUrl: emu.url, timeoutMs: 600_000 }
+  if (pacing !== undefined) config.pacing = pacing
+  return { config, apiKey: emu.apiKey }
+}
+
+function cmd(sandboxId, command, args, extra = {}) {
+  return { lease: { providerLeaseId: sandboxId }, command, args, ...extra }
+}
+
+function log(msg) {
+  process.stderr.write(`[bench ${((now() - T0) / 1000).toFixed(1)}s] ${msg}\n`)
+}
+
+const T0 = now()
+const rows = []
+const results = {}
+const anomalies = []
+
+function row(section, metric, s, unit, note, digits) {
+  rows.push({ section, metric, median: s.median, min: s.min, max: s.max, n: s.n, unit, note, digits })
+}
+
+function note(msg) {
+  anomalies.push(msg)
+  log(`NOTE: ${msg}`)
+}
+
+const PATH_KIND = [
+  ['PUT', /\/files$/, 'putFile'],
+  ['GET', /\/files$/, 'getFile'],
+  ['POST', /\/sandboxes\/[^/]+\/processes$/, 'createProcess'],
+  ['GET', /\/processes\/[^/]+\/connect$/, 'connect'],
+  ['GET', /\/processes\/[^/]+\/wait$/, 'wait'],
+  ['POST', /\/stdin\/close$/, 'stdinClose'],
+  ['POST', /\/input$/, 'input'],
+  ['DELETE', /\/processes\/[^/]+$/, 'deleteProcess'],
+  ['GET', /\/processes\/[^/]+$/, 'getProcess'],
+]
+function kindOf(r) {
+  for (const [m, re, k] of PATH_KIND) if (r.method === m && re.test(r.path)) return k
+  return r.route || `${r.method} ${r.path}`
+}
+
+/** Every emulator started, so that the end of the run can check for survivors and close them. */
+const emulators = []
+async function emulator(where) {
+  const e = await startEmu(where === 'inproc' ? 'inproc' : 'child')
+  emulators.push(e)
+  return e
+}
+
+async function closeAll() {
+  const survivors = []
+  for (const e of emulators) {
+    try {
+      const live = await e.livePids()
+      if (live.length) survivors.push(...live)
+    } catch { /* closed already */ }
+  }
+  await Promise.allSettled(emulators.map((e) => e.close()))
+  emulators.length = 0
+  return survivors
+}
+
+// ---------------------------------------------------------------------------
+// §1 throughput
+
+function discardBinary() {
+  return join(ROOT, 'target', 'release', 'examples', 'discard_client')
+}
+
+function prepareBaseline(mode) {
+  const bin = discardBinary()
+  if (mode === 'skip') return { bin: null, why: 'skipped (--baseline skip)' }
+  if (mode === 'build') {
+    log('building examples/discard_client (cargo build --release --no-default-features --example discard_client)')
+    const t = now()
+    try {
+      execFileSync('cargo', ['build', '--release', '--no-default-features', '--example', 'discard_client'], {
+        cwd: ROOT, stdio: ['ignore', 'ignore', 'pipe'],
+      })
+    } catch (e) {
+      return { bin: null, why: `cargo build failed: ${String(e.stderr || e.message).trim().split('\n').slice(-3).join(' | ')}` }
+    }
+    log(`built in ${((now() - t) / 1000).toFixed(1)} s`)
+  }
+  if (!existsSync(bin)) return { bin: null, why: 'not built (run without --quick, or --baseline build)' }
+  return { bin, why: null }
+}
+
+async function runDiscard(bin, emu, path, mode = 'raw') {
+  const { stdout } = await execFileP(bin, [emu.url, emu.apiKey, path, '1', mode], { maxBuffer: 1 << 20 })
+  const line = stdout.trim().split('\n').pop()
+  return JSON.parse(line)
+}
+
+/** One execute() of `true` whose connect is served by the fast-stream fault. */
+async function fastExecute(emu, client, sb, mib, frameBytes) {
+  await emu.addFault({ route: 'connect', times: 1, action: { kind: 'fastStream', mib, frame_bytes: frameBytes } })
+  const t = now()
+  const r = await lib.execute(client, cmd(sb, 'true'))
+  const ms = now() - t
+  const want = Math.min(mib * MiB, TAIL_CHARS)
+  if (r.exitCode !== 0 || r.stdout.length !== want || (mib * MiB > TAIL_CHARS) !== r.metadata.outputTruncated) {
+    note(`§1 execute of ${mib} MiB: exitCode ${r.exitCode}, stdout ${r.stdout.length} chars (want ${want}), truncated ${r.metadata.outputTruncated}`)
+  }
+  return ms
+}
+
+async function throughput(opts, baseline) {
+  const wheres = opts.emulator === 'both' ? ['child', 'inproc'] : [opts.emulator]
+  const out = {}
+  for (const where of wheres) {
+    const emu = await emulator(where)
+    const sb = await emu.createSandbox()
+    const client = clientFor(emu, 'off')
+    await lib.execute(client, cmd(sb, 'echo', ['warm']))
+    // A process record for the baseline's connect (the fast stream ignores the real process).
+    const proc = await api(emu, 'POST', `/sandboxes/${sb}/processes`, { cmd: 'true' })
+    const connectPath = `/v1/sandboxes/${sb}/processes/${proc.process_id}/connect?after=0`
+    const cases = [...opts.sizesMiB.map((mib) => ({ mib, frameBytes: 65536 })), opts.smallFrame]
+    out[where] = []
+    for (const { mib, frameBytes } of cases) {
+      // Large sizes are measured both ways only with the emulator in a child process.
+      if (where === 'inproc' && wheres.length > 1 && mib > 256) continue
+      const label = `${mib} MiB, ${frameBytes >= 1024 ? `${frameBytes / 1024} KiB` : `${frameBytes} B`} frames`
+      log(`§1 ${label}, emulator ${emu.where}`)
+      // Warm-up run of each case (not counted).
+      await fastExecute(emu, client, sb, Math.min(mib, 64), frameBytes)
+      const exec = []
+      const base = []
+      const wire = []
+      for (let i = 0; i < opts.runs; i++) {
+        const ms = await fastExecute(emu, client, sb, mib, frameBytes)
+        exec.push((mib * MiB) / 1e6 / (ms / 1000))
+        if (baseline.bin) {
+          await emu.addFault({ route: 'connect', times: 1, action: { kind: 'fastStream', mib, frame_bytes: frameBytes } })
+          const d = await runDiscard(baseline.bin, emu, connectPath)
+          if (d.status !== 200) note(`§1 discard client got HTTP ${d.status}`)
+          base.push((mib * MiB) / 1e6 / (d.ms / 1000))
+          wire.push(d.bytes / 1e6 / (d.ms / 1000))
+        }
+      }
+      await emu.clearFaults()
+      const se = stats(exec)
+      const sbase = stats(base)
+      const ratio = stats(exec.map((x, i) => (base[i] ? x / base[i] : NaN)))
+      out[where].push({ mib, frameBytes, executeMBps: se, discardMBps: sbase, discardWireMBps: stats(wire), ratio })
+      const tag = `${label} [emulator: ${where === 'inproc' ? 'in-process' : 'child'}]`
+      const target = frameBytes === 65536 ? 'target ≥ 400' : 'TS module: ~0.7 MB/s'
+      row('1', `execute, ${tag}`, se, 'MB/s', target)
+      if (baseline.bin) {
+        row('1', `discard client, ${tag}`, sbase, 'MB/s', `wire ${fmt(stats(wire).median)} MB/s`)
+        row('1', `execute ÷ discard, ${tag}`, ratio, '×', frameBytes === 65536 ? 'target ≥ 0.5' : '', 2)
+      }
+    }
+  }
+  if (!baseline.bin) {
+    rows.push({ section: '1', metric: 'discard client', unit: '', note: baseline.why })
+  } else {
+    out.profile = await subSteps(opts, baseline)
+  }
+  return out
+}
+
+/**
+ * Where the time goes: the discard client again, adding the crate's own steps one at a time
+ * (examples/discard_client.rs modes), then the crate's whole `execute` from Rust (no Node).
+ */
+async function subSteps(opts, baseline) {
+  const emu = await emulator('child')
+  const sb = await emu.createSandbox()
+  const proc = await api(emu, 'POST', `/sandboxes/${sb}/processes`, { cmd: 'true' })
+  const connectPath = `/v1/sandboxes/${sb}/processes/${proc.process_id}/connect?after=0`
+  const client = clientFor(emu, 'off')
+  await lib.execute(client, cmd(sb, 'echo', ['warm']))
+  const mib = opts.sizesMiB[0]
+  const modes = [
+    ['raw', 'read and discard'],
+    ['split', '+ line splitter'],
+    ['parse', '+ JSON frame parse + base64 decode'],
+    ['capture', '+ UTF-8 decode into the tails'],
+    ['execute', 'execute() in Rust, no Node'],
+    ['node', 'execute() from Node (this process)'],
+  ]
+  const arm = () => emu.addFault({ route: 'connect', times: 1, action: { kind: 'fastStream', mib, frame_bytes: 65536 } })
+  const samples = Object.fromEntries(modes.map(([m]) => [m, []]))
+  log(`§1 sub-step profile, ${mib} MiB, 64 KiB frames`)
+  for (let i = 0; i < opts.runs; i++) {
+    // Interleaved, so drift in machine load spreads over every mode.
+    for (const [mode] of modes) {
+      let ms
+      if (mode === 'node') {
+        ms = await fastExecute(emu, client, sb, mib, 65536)
+      } else {
+        await arm()
+        const d = await runDiscard(baseline.bin, emu, mode === 'execute' ? sb : connectPath, mode)
+        ms = d.ms
+      }
+      samples[mode].push((mib * MiB) / 1e6 / (ms / 1000))
+    }
+  }
+  await emu.clearFaults()
+  const out = {}
+  for (const [mode, label] of modes) {
+    out[mode] = stats(samples[mode])
+    row('1p', `sub-steps ${mib} MiB: ${mode} (${label})`, out[mode], 'MB/s', mode === 'raw' ? 'ceiling' : '')
+  }
+  // The same pipeline on in-memory lines, step by step (no network, one thread).
+  log('§1 in-memory step timings (discard_client micro)')
+  const micro = {}
+  for (let i = 0; i < opts.runs; i++) {
+    const { stdout } = await execFileP(baseline.bin, ['micro', String(mib), '65536'], { maxBuffer: 1 << 20 })
+    for (const line of stdout.trim().split('\n')) {
+      const { step, MBps } = JSON.parse(line)
+      ;(micro[step] ||= []).push(MBps)
+    }
+  }
+  out.micro = {}
+  for (const [step, values] of Object.entries(micro)) {
+    out.micro[step] = stats(values)
+    row('1m', `in memory ${mib} MiB: ${step}`, out.micro[step], 'MB/s', '')
+  }
+  return out
+}
+
+// ---------------------------------------------------------------------------
+// §2 memory (fresh node per run)
+
+async function memoryRun(emu, sb, mib) {
+  const child = fork(join(ROOT, 'benches', 'memory-child.mjs'), [], {
+    execArgv: ['--expose-gc'],
+    stdio: ['ignore', 'inherit', 'inherit', 'ipc'],
+  })
+  const messages = []
+  let wake
+  child.on('message', (m) => { messages.push(m); if (wake) wake() })
+  const next = async () => {
+    while (!messages.length) {
+      await new Promise((r) => { wake = r; child.once('exit', r) })
+      if (!messages.length && child.exitCode !== null) throw new Error(`memory child exited (${child.exitCode})`)
+    }
+    return messages.shift()
+  }
+  child.send({ url: emu.url, apiKey: emu.apiKey, sandboxId: sb })
+  await next() // idle measured
+  await emu.addFault({ route: 'connect', times: 1, action: { kind: 'fastStream', mib, frame_bytes: 65536 } })
+  child.send({ go: true })
+  const { result } = await next()
+  await new Promise((r) => (child.exitCode !== null ? r() : child.once('exit', r)))
+  if (result.error) throw new Error(`memory child: ${result.error}`)
+  return result
+}
+
+async function memory(opts) {
+  const emu = await emulator('child')
+  const sb = await emu.createSandbox()
+  const runs = []
+  log(`§2 peak RSS while streaming ${opts.memoryMiB} MiB (fresh node process per run)`)
+  for (let i = 0; i < opts.runs; i++) {
+    const r = await memoryRun(emu, sb, opts.memoryMiB)
+    if (r.exitCode !== 0 || r.stdoutLength !== Math.min(opts.memoryMiB * MiB, TAIL_CHARS)) {
+      note(`§2 run ${i}: exitCode ${r.exitCode}, stdout ${r.stdoutLength}`)
+    }
+    runs.push(r)
+  }
+  await emu.clearFaults()
+  const mb = (x) => x / MiB
+  row('2', 'idle RSS (after one warm-up command)', stats(runs.map((r) => mb(r.idle))), 'MiB')
+  row('2', `peak RSS − idle, sampled every 10 ms, ${opts.memoryMiB} MiB`, stats(runs.map((r) => mb(r.peakSampled - r.idle))), 'MiB', 'target ≤ 100')
+  row('2', `VmHWM − idle (lifetime peak), ${opts.memoryMiB} MiB`, stats(runs.map((r) => mb(r.hwmAfter - r.idle))), 'MiB', 'upper bound')
+  row('2', `throughput in the fresh process, ${opts.memoryMiB} MiB`, stats(runs.map((r) => (opts.memoryMiB * MiB) / 1e6 / (r.ms / 1000))), 'MB/s', 'cold process')
+  return runs
+}
+
+// ---------------------------------------------------------------------------
+// §3 requests per command
+
+async function requestsPerCommand(opts) {
+  const emu = await emulator('child')
+  const sb = await emu.createSandbox()
+  const client = clientFor(emu) // default limiter
+  const out = {}
+  for (const [name, params, expect] of [
+    ['no stdin: echo', cmd(sb, 'echo', ['hi']), 'hi\n'],
+    ['with stdin: cat', cmd(sb, 'cat', [], { stdin: 'hello\n' }), 'hello\n'],
+  ]) {
+    const counts = []
+    const seqs = new Set()
+    for (let i = 0; i < opts.runs; i++) {
+      await emu.clearRequests()
+      const r = await lib.execute(client, params)
+      if (r.exitCode !== 0 || r.stdout !== expect) note(`§3 ${name}: exitCode ${r.exitCode}, stdout ${JSON.stringify(r.stdout)}`)
+      await sleep(50)
+      const reqs = await emu.requests()
+      counts.push(reqs.length)
+      seqs.add(reqs.map(kindOf).join(' → '))
+    }
+    out[name] = { counts: stats(counts), sequences: [...seqs] }
+    row('3', `requests per command, ${name}`, stats(counts), 'req', `${name.startsWith('no') ? 'target ≤ 3' : 'target ≤ 4'}; ${[...seqs].join(' | ')}`, 0)
+  }
+  return out
+}
+
+// ---------------------------------------------------------------------------
+// §4 latency of one echo, per limiter
+
+async function echoLatency(opts) {
+  const out = {}
+  for (const [label, pacing] of [['default limiter (window 300/60 s)', undefined], ['spacing 300 ms', 'spacing'], ['pacing off', 'off']]) {
+    // A fresh emulator = a fresh API origin = a fresh budget of its own.
+    const emu = await emulator('child')
+    const sb = await emu.createSandbox()
+    const client = clientFor(emu, pacing)
+    log(`§4 echo, ${label}`)
+    const walls = []
+    const reqs = []
+    for (let i = 0; i < opts.runs + 1; i++) {
+      await emu.clearRequests()
+      const t = now()
+      const r = await lib.execute(client, cmd(sb, 'echo', ['hi']))
+      const ms = now() - t
+      if (r.exitCode !== 0 || r.stdout !== 'hi\n') note(`§4 ${label}: exitCode ${r.exitCode}`)
+      await sleep(pacing === 'spacing' ? 350 : 50) // a command on its own, not queued behind the previous
+      if (i === 0) continue // warm-up (first request on this origin's connection)
+      walls.push(ms)
+      reqs.push((await emu.requests()).length)
+    }
+    out[label] = { wallMs: stats(walls), requests: stats(reqs) }
+    const target = pacing === undefined ? 'TS module ~1900 ms' : pacing === 'off' ? 'floor (gate poll ≤ 20 ms included)' : ''
+    row('4', `echo wall time, ${label}`, stats(walls), 'ms', `${fmt(stats(reqs).median, 0)} req; ${target}`, 0)
+  }
+  return out
+}
+
+// ---------------------------------------------------------------------------
+// §5 N concurrent commands on N sandboxes
+
+async function concurrent(opts) {
+  const n = opts.concurrency
+  const out = {}
+  const spacingEmu = await emulator('child')
+  const spacingSbs = []
+  for (let i = 0; i < n; i++) spacingSbs.push(await spacingEmu.createSandbox())
+  const batch = async (emu, sbs, pacing) => {
+    const client = clientFor(emu, pacing)
+    await emu.clearRequests()
+    const t = now()
+    const rs = await Promise.all(sbs.map((sb, i) => lib.execute(client, cmd(sb, 'echo', [`c${i}`]))))
+    const ms = now() - t
+    rs.forEach((r, i) => { if (r.exitCode !== 0 || r.stdout !== `c${i}\n`) note(`§5 command ${i}: exitCode ${r.exitCode}`) })
+    await sleep(50)
+    return { ms, requests: (await emu.requests()).length }
+  }
+  for (const [label, pacing] of [['default limiter', undefined], ['spacing 300 ms', 'spacing']]) {
+    log(`§5 ${n} concurrent commands, ${label}`)
+    const walls = []
+    const reqs = []
+    for (let i = 0; i < opts.runs; i++) {
+      let emu = spacingEmu
+      let sbs = spacingSbs
+      if (pacing === undefined) {
+        // The window budget is per origin and lasts 60 s: each run gets a fresh emulator
+        // (origin), i.e. the numbers are for a burst on an unused budget.
+        emu = await emulator('child')
+        sbs = []
+        for (let k = 0; k < n; k++) sbs.push(await emu.createSandbox())
+        await lib.execute(clientFor(emu, 'off'), cmd(sbs[0], 'true')) // open the connection (unpaced)
+      } else {
+        await sleep(350)
+      }
+      const r = await batch(emu, sbs, pacing)
+      walls.push(r.ms)
+      reqs.push(r.requests)
+    }
+    out[label] = { wallMs: stats(walls), requests: stats(reqs) }
+    row('5', `${n} concurrent commands, total wall, ${label}`, stats(walls), 'ms', `${fmt(stats(reqs).median, 0)} req${pacing === undefined ? '; fresh budget per run' : ''}`, 0)
+  }
+  const d = out['default limiter'].wallMs.median
+  const s = out['spacing 300 ms'].wallMs.median
+  out.ratio = s / d
+  rows.push({ section: '5', metric: `spacing ÷ default (medians), ${n} concurrent`, median: s / d, unit: '×', note: 'target ≥ 10', digits: 1 })
+  return out
+}
+
+// ---------------------------------------------------------------------------
+// §6 quiet waiting
+
+/**
+ * Runs `run` (which returns { processId, sandboxId, t0 }) while scanning /proc, and counts the
+ * processes the managed process spawned: all of them, and those first seen inside the
+ * steady part of the wait, [t0 + 300 ms, t0 + hold − 100 ms] (after the login shell's
+ * start-up, before the gate opens).
+ */
+async function countSpawns(emu, hold, run) {
+  const scanner = startScanner(2)
+  let info
+  try {
+    info = await run()
+  } finally {
+    await sleep(30)
+  }
+  const { pids, scans, meanScanMs } = scanner.stop()
+  const mine = pidsOf(pids, info.processId)
+  let leader = null
+  try { leader = (await api(emu, 'GET', `/sandboxes/${info.sandboxId}/processes/${info.processId}`)).pid } catch { /* unknown */ }
+  // Spawns = marked pids other than the leader (bash, which execs the command in place).
+  const others = mine.filter((p) => p.pid !== leader)
+  const lo = info.t0 + 300
+  const hi = info.t0 + hold - 100
+  const inWait = others.filter((p) => p.firstSeen >= lo && p.firstSeen <= hi)
+  // What was spawned, by program name (a fork not yet exec'd shows as bash).
+  const name = (p) => (p.cmd || '?').split(' ')[0].split('/').pop()
+  return {
+    ...info,
+    leader,
+    leaderSeen: mine.some((p) => p.pid === leader),
+    spawns: others.length,
+    commands: others.map(name),
+    waitSpawns: inWait.length,
+    waitCommands: inWait.map(name),
+    waitRate: inWait.length / ((hi - lo) / 1000),
+    scans,
+    meanScanMs,
+  }
+}
+
+async function quietWaiting(opts) {
+  const emu = await emulator('child')
+  const sb = await emu.createSandbox()
+  const client = clientFor(emu, 'off')
+  const hold = opts.holdMs
+  const out = { holdMs: hold }
+
+  // Calibration: the TypeScript module's wait (`sleep 0.01` until the gate exists), run
+  // directly as a managed process; the gate file is created by the bench after `hold` ms.
+  const calib = []
+  for (let i = 0; i < Math.max(1, Math.min(opts.runs, 3)); i++) {
+    const gate = `/tmp/createos-bench-gate-${process.pid}-${i}-${Date.now()}`
+    const r = await countSpawns(emu, hold, async () => {
+      const t0 = now()
+      const p = await api(emu, 'POST', `/sandboxes/${sb}/processes`, {
+        cmd: '/bin/bash', args: ['-c', `while [ ! -e '${gate}' ]; do sleep 0.01; done; rm -f -- '${gate}'`],
+      })
+      await sleep(hold)
+      writeFileSync(gate, '')
+      for (let k = 0; k < 100; k++) {
+        const s = await api(emu, 'GET', `/sandboxes/${sb}/processes/${p.process_id}`)
+        if (s.leader_exited) break
+        await sleep(20)
+      }
+      try { unlinkSync(gate) } catch { /* removed by the script */ }
+      return { processId: p.process_id, sandboxId: sb, t0 }
+    })
+    calib.push(r.waitRate)
+  }
+  out.calibration = stats(calib)
+  row('6', 'calibration: old `sleep 0.01` wait loop', out.calibration, 'spawns/s', 'same window and scanner; TS module ~100/s', 0)
+
+  // execute(): the gate PUT is held `hold` ms by a delay fault, so the script waits that long.
+  const withHold = []
+  const noHold = []
+  for (let i = 0; i < opts.runs; i++) {
+    for (const held of [false, true]) {
+      const r = await countSpawns(emu, hold, async () => {
+        await emu.clearRequests()
+        if (held) await emu.addFault({ route: 'putFile', times: 1, action: { kind: 'delay', ms: hold } })
+        const t = now()
+        const res = await lib.execute(client, cmd(sb, 'true'))
+        const ms = now() - t
+        if (res.exitCode !== 0) note(`§6 execute: exitCode ${res.exitCode}`)
+        const reqs = await emu.requests()
+        const c = reqs.find((q) => kindOf(q) === 'connect')
+        const m = c && c.path.match(/\/processes\/([^/]+)\/connect$/)
+        return { processId: m ? m[1] : '?', sandboxId: sb, ms, t0: t }
+      })
+      ;(held ? withHold : noHold).push(r)
+    }
+  }
+  await emu.clearFaults()
+  const spawnsNo = stats(noHold.map((r) => r.spawns))
+  const spawnsHeld = stats(withHold.map((r) => r.spawns))
+  const tally = (list) => {
+    const t = {}
+    for (const c of list) t[c] = (t[c] || 0) + 1
+    return Object.entries(t).map(([c, k]) => `${c}×${k}`).join(' ') || 'none'
+  }
+  const rate = stats(withHold.map((r) => r.waitRate))
+  out.execute = { noHold, withHold, spawnsNoHold: spawnsNo, spawnsHeld, waitRatePerS: rate }
+  row('6', 'spawns of a command, gate opened at once', spawnsNo, 'procs', `all runs: ${tally(noHold.flatMap((r) => r.commands))}`, 0)
+  row('6', `spawns of a command, gate held ${hold} ms`, spawnsHeld, 'procs', `all runs: ${tally(withHold.flatMap((r) => r.commands))}`, 0)
+  row('6', 'gate wait: spawns per second of waiting', rate, 'spawns/s', `steady wait [+300 ms, +${hold - 100} ms]: ${tally(withHold.flatMap((r) => r.waitCommands))}; target: a few at most`, 1)
+  row('6', `execute wall time, gate held ${hold} ms`, stats(withHold.map((r) => r.ms)), 'ms', `pacing off; hold ${hold} ms`, 0)
+  out.scanner = { meanScanMs: stats(withHold.map((r) => r.meanScanMs)).median }
+  return out
+}
+
+// ---------------------------------------------------------------------------
+// Main
+
+function machine() {
+  const cpus = os.cpus()
+  let commit = null
+  try { commit = execFileSync('git', ['rev-parse', '--short', 'HEAD'], { cwd: ROOT, stdio: ['ignore', 'pipe', 'ignore'] }).toString().trim() } catch { /* no git */ }
+  return {
+    cpus: cpus.length,
+    cpuModel: cpus[0] ? cpus[0].model : null,
+    memGiB: +(os.totalmem() / 2 ** 30).toFixed(1),
+    node: process.version,
+    os: `${os.type()} ${os.release()} ${os.arch()}`,
+    loadavgStart: os.loadavg().map((x) => +x.toFixed(2)),
+    commit,
+    via: lib.via,
+  }
+}
+
+async function main() {
+  const opts = parseArgs(process.argv.slice(2))
+  const m = machine()
+  process.stdout.write(
+    `createos-execute bench${opts.quick ? ' (--quick)' : ''}: ${m.cpus} × ${m.cpuModel}, ${m.memGiB} GiB, node ${m.node}, ${m.os}` +
+    `, load ${m.loadavgStart.join(' ')}; ${opts.runs} runs per row (median, min, max); execute via ${m.via}\n`)
+  const baseline = opts.sections.has('1') ? prepareBaseline(opts.baseline) : { bin: null }
+  let survivors = []
+  const started = Date.now()
+  try {
+    if (opts.sections.has('1')) results.throughput = await throughput(opts, baseline)
+    if (opts.sections.has('2')) results.memory = await memory(opts)
+    if (opts.sections.has('3')) results.requests = await requestsPerCommand(opts)
+    if (opts.sections.has('4')) results.latency = await echoLatency(opts)
+    if (opts.sections.has('5')) results.concurrent = await concurrent(opts)
+    if (opts.sections.has('6')) results.quietWaiting = await quietWaiting(opts)
+  } finally {
+    survivors = await closeAll()
+  }
+  if (survivors.length) note(`processes still alive when the emulators closed: ${survivors.join(', ')}`)
+  m.loadavgEnd = os.loadavg().map((x) => +x.toFixed(2))
+  const table = renderTable(rows)
+  process.stdout.write(`\n${table}\n\n`)
+  process.stdout.write(`MB = 10^6 bytes of decoded output. Emulator: child process unless the row says in-process. Load at end: ${m.loadavgEnd.join(' ')}. ${((Date.now() - started) / 1000).toFixed(0)} s.\n`)
+  if (anomalies.length) process.stdout.write(`Notes:\n${anomalies.map((a) => `  - ${a}`).join('\n')}\n`)
+  mkdirSync(join(opts.out, '..'), { recursive: true })
+  const json = {
+    machine: m,
+    options: { ...opts, sections: [...opts.sections] },
+    startedAt: new Date(started).toISOString(),
+    seconds: (Date.now() - started) / 1000,
+    table: rows,
+    results,
+    notes: anomalies,
+  }
+  writeFileSync(opts.out, `${JSON.stringify(json, null, 2)}\n`)
+  process.stdout.write(`Wrote ${opts.out}\n`)
+}
+
+main().then(() => {
+  // The native runtime may keep handles; the run is over.
+  setTimeout(() => process.exit(process.exitCode || 0), 100).unref()
+}, async (error) => {
+  process.stderr.write(`bench failed: ${error && error.stack ? error.stack : error}\n`)
+  await closeAll().catch(() => {})
+  process.exit(1)
+})
