@@ -1,12 +1,12 @@
 // Timeout and cancellation (issue 2 §3): the result or error, the DELETE with
 // grace_ms=1000, nothing left alive, promptness, and the GC case.
-import { test, before, after, beforeEach } from 'node:test'
+import { test, before, after } from 'node:test'
 import assert from 'node:assert/strict'
 import { setFlagsFromString } from 'node:v8'
 import { runInNewContext } from 'node:vm'
-import { fileURLToPath } from 'node:url'
 import {
-  lib, startEmu, kinds, kindOf, queryOf, bashParams, rejection, sleep, CANCELLED,
+  lib, kinds, kindOf, queryOf, bashParams, rejection, sleep, CANCELLED,
+  useEmulator
 } from './helpers.mjs'
 
 const { execute, executeStream } = lib
@@ -15,13 +15,7 @@ const gc = runInNewContext('gc')
 
 let ctx
 let sandbox
-
-before(async () => {
-  ctx = await startEmu()
-  sandbox = ctx.sandbox()
-})
-after(async () => { await ctx.close(fileURLToPath(import.meta.url)) })
-beforeEach(() => ctx.reset())
+useEmulator(import.meta.url, (c) => { ctx = c; sandbox = c.sandbox() })
 
 function deletes() {
   return ctx.requests().filter((r) => kindOf(r) === 'deleteProcess')

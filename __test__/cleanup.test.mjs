@@ -1,24 +1,18 @@
 // Cleanup and containment (issue 2 §3 "Cleanup", issue 3 §6, issue 4): when the
 // error is thrown, with which message and fields, and when it is not.
-import { test, before, after, beforeEach } from 'node:test'
+import { test, after } from 'node:test'
 import assert from 'node:assert/strict'
 import { existsSync } from 'node:fs'
-import { fileURLToPath } from 'node:url'
 import {
-  lib, startEmu, kinds, kindOf, queryOf, bashParams, rejection, putPaths, sleep,
+  lib, kinds, kindOf, queryOf, bashParams, rejection, putPaths, sleep,
   TERMINATION_UNCONFIRMED, CREATION_UNCONFIRMED, assertNoSecrets,
+  useEmulator
 } from './helpers.mjs'
 
 const { execute, CreateosCleanupError, CreateosApiError, isCreateosCleanupError, destroySandbox } = lib
 let ctx
 let sandbox
-
-before(async () => {
-  ctx = await startEmu()
-  sandbox = ctx.sandbox()
-})
-after(async () => { await ctx.close(fileURLToPath(import.meta.url)) })
-beforeEach(() => ctx.reset())
+useEmulator(import.meta.url, (c) => { ctx = c; sandbox = c.sandbox() })
 
 /** Ends what a stubborn-tree fault deliberately left alive, so later tests start clean. */
 async function killLeftovers() {

@@ -1,22 +1,16 @@
 // executeStream() (POST /exec?stream=true) and followProcess() for a process the
 // host created itself.
-import { test, before, after, beforeEach } from 'node:test'
+import { test, after } from 'node:test'
 import assert from 'node:assert/strict'
-import { fileURLToPath } from 'node:url'
 import {
-  lib, startEmu, kinds, kindOf, queryOf, bashParams, rejection, sleep,
+  lib, kinds, kindOf, queryOf, bashParams, rejection, sleep,
+  useEmulator
 } from './helpers.mjs'
 
 const { executeStream, followProcess } = lib
 let ctx
 let sandbox
-
-before(async () => {
-  ctx = await startEmu()
-  sandbox = ctx.sandbox()
-})
-after(async () => { await ctx.close(fileURLToPath(import.meta.url)) })
-beforeEach(() => ctx.reset())
+useEmulator(import.meta.url, (c) => { ctx = c; sandbox = c.sandbox() })
 
 test('executeStream: stdout, stderr, exit code, args/env/cwd/stdin, one request', async () => {
   const logs = []

@@ -1,25 +1,19 @@
 // execute(): the managed-process path, seen from the host. Issue 2 §3 (output,
 // input round trip, log) against the emulator, asserting on the result and on
 // the emulator's request log.
-import { test, before, after, beforeEach } from 'node:test'
+import { test, before, after } from 'node:test'
 import assert from 'node:assert/strict'
 import { existsSync } from 'node:fs'
-import { fileURLToPath } from 'node:url'
 import {
-  lib, startEmu, kinds, putPaths, queryOf, bashParams, kindOf,
+  lib, kinds, putPaths, queryOf, bashParams, kindOf, useEmulator,
 } from './helpers.mjs'
 
 const { execute } = lib
 let ctx
 let sandbox
 
-before(async () => {
-  // A journal large enough that the multi-MiB output tests never race eviction.
-  ctx = await startEmu({ journalBytes: 32 * 1024 * 1024 })
-  sandbox = ctx.sandbox()
-})
-after(async () => { await ctx.close(fileURLToPath(import.meta.url)) })
-beforeEach(() => ctx.reset())
+// A journal large enough that the multi-MiB output tests never race eviction.
+useEmulator(import.meta.url, (c) => { ctx = c; sandbox = c.sandbox() }, { journalBytes: 32 * 1024 * 1024 })
 
 test('runs a command and returns stdout, stderr and the exit code', async () => {
   const r = await execute(ctx.client(), bashParams(sandbox, 'echo out; echo err >&2; exit 7'))

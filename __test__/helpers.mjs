@@ -7,6 +7,7 @@ import { tmpdir } from 'node:os'
 import { join, basename, dirname } from 'node:path'
 import { fileURLToPath } from 'node:url'
 import assert from 'node:assert/strict'
+import { before, after, beforeEach } from 'node:test'
 
 const require = createRequire(import.meta.url)
 export const lib = require('../index.js')
@@ -72,6 +73,21 @@ export function putPaths(requests) {
  * Starts an emulator for one test file and tracks every pid it starts (sampled
  * from livePids()), so `close()` can prove that none of them survived.
  */
+/**
+ * Registers the usual hooks of a test file: an emulator started before the tests (handed to
+ * `onStart`), its request log and faults reset before each test, and the emulator closed (and
+ * the file's pids recorded for the final survivor check) after them.
+ */
+export function useEmulator(metaUrl, onStart, options = {}) {
+  let ctx
+  before(async () => {
+    ctx = await startEmu(options)
+    onStart(ctx)
+  })
+  after(async () => { await ctx.close(fileURLToPath(metaUrl)) })
+  beforeEach(() => ctx.reset())
+}
+
 export async function startEmu(options = {}) {
   const emu = await lib.startEmulator({ rateLimitPerMinute: null, ...options })
   const seen = new Set()

@@ -1,23 +1,17 @@
 // Input validation, HTTP rules and secrets (issue 2 §3 "Input", "HTTP").
 // Bad input is rejected before any request is sent.
-import { test, before, after, beforeEach } from 'node:test'
+import { test, before } from 'node:test'
 import assert from 'node:assert/strict'
 import { createServer } from 'node:http'
-import { fileURLToPath } from 'node:url'
 import {
-  lib, startEmu, kinds, bashParams, rejection, assertNoSecrets, sleep,
+  lib, kinds, bashParams, rejection, assertNoSecrets, sleep,
+  useEmulator
 } from './helpers.mjs'
 
 const { execute, executeStream, followProcess, shellQuote } = lib
 let ctx
 let sandbox
-
-before(async () => {
-  ctx = await startEmu()
-  sandbox = ctx.sandbox()
-})
-after(async () => { await ctx.close(fileURLToPath(import.meta.url)) })
-beforeEach(() => ctx.reset())
+useEmulator(import.meta.url, (c) => { ctx = c; sandbox = c.sandbox() })
 
 const BAD = [
   ['env name with a dash', { env: { 'BAD-NAME': 'x' } }, 'Invalid sandbox environment variable.'],

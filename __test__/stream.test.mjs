@@ -1,23 +1,18 @@
 // The output stream of a managed process (issue 2 §2/§3): reconnect with
 // resume and dedupe, and fail closed on every kind of corrupt stream. Each
 // failing case must still terminate the process (DELETE) and leave nothing alive.
-import { test, before, after, beforeEach } from 'node:test'
+import { test, before, after } from 'node:test'
 import assert from 'node:assert/strict'
 import { fileURLToPath } from 'node:url'
 import {
   lib, startEmu, kinds, kindOf, queryOf, bashParams, rejection,
+  useEmulator
 } from './helpers.mjs'
 
 const { execute } = lib
 let ctx
 let sandbox
-
-before(async () => {
-  ctx = await startEmu()
-  sandbox = ctx.sandbox()
-})
-after(async () => { await ctx.close(fileURLToPath(import.meta.url)) })
-beforeEach(() => ctx.reset())
+useEmulator(import.meta.url, (c) => { ctx = c; sandbox = c.sandbox() })
 
 // Ten lines, each its own frame (the pauses make separate writes).
 const TEN_LINES = 'for i in 1 2 3 4 5 6 7 8 9 10; do echo "line $i"; sleep 0.03; done'

@@ -11,7 +11,7 @@
 # The committed seed corpus (fuzz/corpus/<target>/) is only read; new inputs go to
 # fuzz/target/corpus/<target>/ (ignored). A crash stops that target, leaves the input in
 # fuzz/artifacts/<target>/ and makes the script exit non-zero after the other targets ran.
-# Needs cargo-fuzz (`cargo install cargo-fuzz`). Inputs in fuzz/regressions/ are replayed first.
+# Installs cargo-fuzz on first use (`cargo install cargo-fuzz --locked`). Inputs in fuzz/regressions/ are replayed first.
 set -uo pipefail
 cd "$(dirname "$0")/../fuzz"
 
@@ -29,8 +29,8 @@ ALL=(line_splitter process_frame exec_frame envelope utf8_tail)
 [ ${#TARGETS[@]} -eq 0 ] && TARGETS=("${ALL[@]}")
 
 if ! cargo fuzz --version >/dev/null 2>&1; then
-  echo "cargo-fuzz is missing: cargo install cargo-fuzz" >&2
-  exit 2
+  echo "== installing cargo-fuzz (once)" >&2
+  cargo install cargo-fuzz --locked || { echo "cargo-fuzz could not be installed" >&2; exit 2; }
 fi
 
 export RUSTC_BOOTSTRAP=1

@@ -132,20 +132,6 @@ impl Client {
         Ok(v)
     }
 
-    /// One attempt: pace, then transmit.
-    async fn send_once(
-        &self,
-        op: Operation,
-        method: &Method,
-        path: &str,
-        body: &Body,
-        ctx: &Ctx,
-        timeout: Option<Duration>,
-    ) -> Result<reqwest::Response> {
-        self.pacer.acquire(ctx).await?;
-        self.transmit(op, method, path, body, ctx, timeout).await
-    }
-
     /// Sends one request (already paced) and maps the status. `timeout` bounds the arrival
     /// of the answer's head; `None` = only the context bounds it.
     async fn transmit(
@@ -244,7 +230,8 @@ impl Client {
     ) -> Result<reqwest::Response> {
         let mut attempt = 0;
         loop {
-            let result = self.send_once(op, &method, path, &body, ctx, timeout).await;
+            self.pacer.acquire(ctx).await?;
+            let result = self.transmit(op, &method, path, &body, ctx, timeout).await;
             let err = match result {
                 Ok(r) => return Ok(r),
                 Err(e) => e,
