@@ -22,6 +22,7 @@ pub const INVALID_STDIN: &str = "Sandbox stdin must be a string.";
 pub const INVALID_PACING: &str = "pacing must be 'window', 'spacing', 'off' or an object { limit, windowMs } or { intervalMs }.";
 pub const INVALID_GRACE: &str = "cleanupGraceMs must be a non-empty array of integers between 0 and 600000.";
 pub const INVALID_DEADLINE: &str = "cleanupDeadlineMs must be an integer between 1 and 86400000.";
+pub const INVALID_CONFIRM: &str = "confirmPollMs must be an integer between 1 and 600000.";
 pub const INVALID_LEFTOVER: &str = "leftoverProcesses must be 'keep' or 'terminate'.";
 pub const INVALID_IDLE: &str = "streamIdleTimeoutMs must be an integer between 1000 and 3600000.";
 pub const INVALID_CONFIG: &str = "CreateOS client configuration must be an object.";
@@ -100,7 +101,7 @@ pub fn parse_config(v: &Value) -> Result<Config> {
         cleanup.deadline = Duration::from_millis(integer(d, 1, 86_400_000).ok_or(Error::Input(INVALID_DEADLINE))?);
     }
     if let Some(c) = opt(m, "confirmPollMs") {
-        cleanup.confirm_ms = integer(c, 1, 600_000).ok_or(Error::Input(INVALID_DEADLINE))?;
+        cleanup.confirm_ms = integer(c, 1, 600_000).ok_or(Error::Input(INVALID_CONFIRM))?;
     }
     cleanup.legacy = opt(m, "legacyCleanup").and_then(Value::as_bool).unwrap_or(false);
     let leftover = match opt(m, "leftoverProcesses").map(|v| v.as_str()) {

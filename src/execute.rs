@@ -10,8 +10,6 @@
 //! deadline) and staged files are removed. An abort is acted on at once: a timeout resolves a
 //! `timedOut` result with the output so far, any other abort is a cancellation.
 
-use std::sync::atomic::{AtomicBool, Ordering};
-
 use bytes::Bytes;
 use futures_util::StreamExt;
 use reqwest::Method;
@@ -119,6 +117,11 @@ pub async fn execute(cfg: &Config, params: &Params, abort: Abort, log: Option<mp
         Err(err) => {
             let mut steps = Steps::new();
             let cleanup_ctx = Ctx::cleanup(cfg.cleanup.deadline);
+            // After the command completed, the only error is an unproven leftover cleanup,
+            // already reported: nothing more to end or remove.
+            if progress.completed {
+                return Err(err);
+            }
             let mut files: Vec<&str> = Vec::new();
             if progress.staged || progress.process_id.is_some() || progress.creation_ambiguous {
                 files.push(&gate_path);
@@ -190,7 +193,6 @@ async fn run_managed(
 
     let (tx, rx) = oneshot::channel();
     let mut sink = CaptureSink { output, connected: Some(tx) };
-    let gate_sent = AtomicBool::new(false);
     let followed: Followed = {
         let following = follow::follow(client, sb, &pid, ctx, &mut sink, &cfg.follow);
         let gate = async {
@@ -198,7 +200,6 @@ async fn run_managed(
             // following ended, and then `try_join` has already returned.
             if rx.await.is_ok() {
                 client.put_file(sb, gate_path, Bytes::new(), ctx).await?;
-                gate_sent.store(true, Ordering::SeqCst);
             }
             Ok::<(), Error>(())
         };
