@@ -133,18 +133,19 @@ impl Params {
     }
 }
 
-pub fn sandbox_id(v: Option<&Value>) -> Result<String> {
+fn identifier(v: Option<&Value>, invalid: &'static str) -> Result<String> {
     match v.and_then(Value::as_str) {
         Some(s) if client::is_identifier(s) => Ok(s.to_owned()),
-        _ => Err(Error::Input(INVALID_SANDBOX_ID)),
+        _ => Err(Error::Input(invalid)),
     }
 }
 
+pub fn sandbox_id(v: Option<&Value>) -> Result<String> {
+    identifier(v, INVALID_SANDBOX_ID)
+}
+
 pub fn process_id(v: Option<&Value>) -> Result<String> {
-    match v.and_then(Value::as_str) {
-        Some(s) if client::is_identifier(s) => Ok(s.to_owned()),
-        _ => Err(Error::Input(INVALID_PROCESS_ID)),
-    }
+    identifier(v, INVALID_PROCESS_ID)
 }
 
 /// Parses `{ sandboxId, command, args?, cwd?, env?, stdin? }` and checks every value.

@@ -93,7 +93,7 @@ impl LineSplitter {
 
 /// The JSON payload of a line, or `None` for a line to skip (blank, SSE comment or control).
 pub fn payload(line: &[u8]) -> Option<&[u8]> {
-    let trimmed = trim_ascii(line);
+    let trimmed = line.trim_ascii();
     if trimmed.is_empty() || trimmed[0] == b':' {
         return None;
     }
@@ -103,14 +103,10 @@ pub fn payload(line: &[u8]) -> Option<&[u8]> {
         }
     }
     if let Some(rest) = trimmed.strip_prefix(b"data:") {
-        let rest = trim_ascii(rest);
+        let rest = rest.trim_ascii();
         return if rest.is_empty() { None } else { Some(rest) };
     }
     Some(trimmed)
-}
-
-fn trim_ascii(b: &[u8]) -> &[u8] {
-    b.trim_ascii()
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

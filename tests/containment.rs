@@ -45,14 +45,13 @@ fn count(emu: &Emulator, route: &str) -> usize {
     emu.requests().iter().filter(|r| r.route == route).count()
 }
 
-async fn timed_out_run(emu: &Emulator, c: &Config, sb: &str, script: &str, after: Duration) -> Result<ExecuteResult, Error> {
+async fn timed_out_run(c: &Config, sb: &str, script: &str, after: Duration) -> Result<ExecuteResult, Error> {
     let abort = Abort::new();
     let a = abort.clone();
     tokio::spawn(async move {
         tokio::time::sleep(after).await;
         a.abort(true);
     });
-    let _ = emu;
     execute(c, &params(sb, script), abort, None).await
 }
 
@@ -71,7 +70,7 @@ async fn tree_that_exits_after_delete_answers_false_is_confirmed_without_error()
     let emu = emu().await;
     let sb = emu.create_sandbox_now();
     fault(&emu, json!({ "route": "deleteProcess", "times": 1, "action": { "kind": "treeExitsAfter", "ms": 500 } }));
-    let r = timed_out_run(&emu, &cfg(&emu, json!({})), &sb, "echo up; sleep 30", Duration::from_millis(600)).await.unwrap();
+    let r = timed_out_run(&cfg(&emu, json!({})), &sb, "echo up; sleep 30", Duration::from_millis(600)).await.unwrap();
     assert!(r.timed_out);
     assert_eq!(r.stdout, "up\n");
     let l = log(&emu);
@@ -88,7 +87,7 @@ async fn delete_503_twice_then_success_is_no_error() {
     let sb = emu.create_sandbox_now();
     fault(&emu, json!({ "route": "deleteProcess", "times": 2, "action": { "kind": "status", "status": 503 } }));
     let c = cfg(&emu, json!({ "cleanupGraceMs": [200, 500], "confirmPollMs": 200 }));
-    let r = timed_out_run(&emu, &c, &sb, "sleep 30", Duration::from_millis(300)).await.unwrap();
+    let r = timed_out_run(&c, &sb, "sleep 30", Duration::from_millis(300)).await.unwrap();
     assert!(r.timed_out);
     let deletes: Vec<_> = log(&emu).into_iter().filter(|x| x.contains("deleteProcess")).collect();
     assert_eq!(deletes, vec![
@@ -107,7 +106,7 @@ async fn stubborn_tree_is_reported_after_the_deadline_with_attempts() {
     fault(&emu, json!({ "route": "deleteProcess", "action": { "kind": "treeExitedFalse" } }));
     let c = cfg(&emu, json!({ "cleanupGraceMs": [100, 200], "confirmPollMs": 200, "cleanupDeadlineMs": 1500 }));
     let started = std::time::Instant::now();
-    let err = timed_out_run(&emu, &c, &sb, "sleep 30", Duration::from_millis(300)).await.unwrap_err();
+    let err = timed_out_run(&c, &sb, "sleep 30", Duration::from_millis(300)).await.unwrap_err();
     let elapsed = started.elapsed();
     let Error::Cleanup(report) = &err else { panic!("{err:?}") };
     assert_eq!(report.reason, CleanupReason::TerminationUnconfirmed);
@@ -161,7 +160,7 @@ async fn legacy_cleanup_gives_up_after_one_delete() {
     let emu = emu().await;
     let sb = emu.create_sandbox_now();
     fault(&emu, json!({ "route": "deleteProcess", "times": 1, "action": { "kind": "treeExitsAfter", "ms": 300 } }));
-    let err = timed_out_run(&emu, &cfg(&emu, json!({ "legacyCleanup": true })), &sb, "sleep 30", Duration::from_millis(300)).await.unwrap_err();
+    let err = timed_out_run(&cfg(&emu, json!({ "legacyCleanup": true })), &sb, "sleep 30", Duration::from_millis(300)).await.unwrap_err();
     assert!(matches!(&err, Error::Cleanup(r) if r.reason == CleanupReason::TerminationUnconfirmed), "{err:?}");
     assert_eq!(count(&emu, "deleteProcess"), 1);
     assert_eq!(count(&emu, "wait"), 0);
@@ -198,11 +197,6 @@ async fn success_costs_three_requests_and_four_with_stdin() {
     let r = execute(&c, &p, Abort::new(), None).await.unwrap();
     assert_eq!(r.stdout, "abc");
     assert_eq!(log(&emu), vec!["PUT putFile 200", "POST createProcess 201", "GET connect 200", "PUT putFile 200"]);
-    let leftovers: Vec<_> = std::fs::read_dir("/tmp").unwrap().flatten()
-        .filter(|e| e.file_name().to_string_lossy().starts_with("createos-"))
-        .filter(|e| e.file_name().to_string_lossy().contains("stdin") || e.file_name().to_string_lossy().contains("start"))
-        .map(|e| e.file_name()).collect();
-    let _ = leftovers; // other tests run concurrently; the file checks are in the JS suite
     emu.close().await;
 }
 
@@ -211,7 +205,7 @@ async fn abort_while_creation_is_in_flight_waits_for_the_answer_and_ends_the_pro
     let emu = emu().await;
     let sb = emu.create_sandbox_now();
     fault(&emu, json!({ "route": "createProcess", "times": 1, "action": { "kind": "delay", "ms": 400 } }));
-    let r = timed_out_run(&emu, &cfg(&emu, json!({})), &sb, "echo never", Duration::from_millis(100)).await.unwrap();
+    let r = timed_out_run(&cfg(&emu, json!({})), &sb, "echo never", Duration::from_millis(100)).await.unwrap();
     assert!(r.timed_out);
     assert_eq!(r.stdout, "");
     let l = log(&emu);

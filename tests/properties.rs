@@ -100,6 +100,16 @@ impl Drop for TempDir {
 // ---------------------------------------------------------------------------
 // shell_quote through bash
 
+/// Pushes `chunks` into a tail of `cap` units and checks it against the whole.
+fn check_chunks(chunks: &[String], cap: usize) -> Result<(), TestCaseError> {
+    let mut t = Tail::new(cap);
+    for c in chunks {
+        t.push(c);
+    }
+    let truncated = t.truncated();
+    check_tail(&chunks.concat(), cap, truncated, &t.into_string())
+}
+
 proptest! {
     #![proptest_config(ProptestConfig { cases: 64, ..ProptestConfig::default() })]
 
@@ -213,13 +223,7 @@ proptest! {
         chunks in prop::collection::vec(any::<String>(), 0..16),
         cap in 0usize..64,
     ) {
-        let mut t = Tail::new(cap);
-        for c in &chunks {
-            t.push(c);
-        }
-        let whole = chunks.concat();
-        let truncated = t.truncated();
-        check_tail(&whole, cap, truncated, &t.into_string())?;
+        check_chunks(&chunks, cap)?;
     }
 
     #[test]
@@ -246,12 +250,6 @@ proptest! {
         cap in prop_oneof![0usize..10, 60_000usize..140_000, 200_000usize..400_000],
     ) {
         let chunks: Vec<String> = parts.iter().map(|(s, n)| s.repeat(*n)).collect();
-        let mut t = Tail::new(cap);
-        for c in &chunks {
-            t.push(c);
-        }
-        let whole = chunks.concat();
-        let truncated = t.truncated();
-        check_tail(&whole, cap, truncated, &t.into_string())?;
+        check_chunks(&chunks, cap)?;
     }
 }
