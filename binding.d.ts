@@ -19,30 +19,6 @@ export declare class CancelHandle {
   cancel(timedOut: boolean): void
 }
 
-export declare class Emulator {
-  /** `http://127.0.0.1:PORT`. */
-  get url(): string
-  /** The emulator's own throwaway key. */
-  get apiKey(): string
-  /** Every request so far, in arrival order. */
-  requests(): Array<{ method: string; path: string; query: string; route: string; status: number; atMs: number; durationMs: number }>
-  clearRequests(): void
-  /** Adds a fault rule (`{ route?, method?, skip?, times?, action: { kind, ... } }`). */
-  addFault(rule: object): void
-  clearFaults(): void
-  /** Creates a sandbox without a request; returns its id. */
-  createSandbox(): string
-  /** Every byte a process wrote (recorded apart from the journal). */
-  processOutput(sandboxId: string, processId: string): ProcessOutput | null
-  /** Pids still alive that this emulator started (any depth). */
-  livePids(): Array<number>
-  /** Stops serving, kills every tree it started, removes its files. */
-  close(): Promise<void>
-}
-
-/** For the robustness tests only: a native call whose future panics. */
-export declare function __panicForTest(): Promise<any>
-
 /** Destroys a sandbox (404 = already gone). */
 export declare function destroySandboxNative(client: object, sandboxId: string): Promise<any>
 
@@ -58,16 +34,8 @@ export declare function executeStreamNative(client: object, params: object, canc
  */
 export declare function followProcessNative(client: object, sandboxId: string, processId: string, cancel: CancelHandle, onEvent: (kind: string, data?: Buffer | null) => void): Promise<any>
 
-export interface ProcessOutput {
-  stdout: Buffer
-  stderr: Buffer
-}
-
 /** Quotes a value as one bash word; throws on NUL. */
 export declare function shellQuote(value: string): string
-
-/** Starts the local CreateOS emulator on 127.0.0.1. */
-export declare function startEmulator(options?: { port?: number; apiKey?: string; rateLimitPerMinute?: number | null; journalBytes?: number } | undefined | null): Promise<Emulator>
 
 /** Waits for a request slot of the API origin (the pacer shared with every call). */
 export declare function waitForRequestNative(client: object, cancel: CancelHandle): Promise<any>

@@ -836,12 +836,9 @@ function __napiStampBindingTarget(exportsObject, target) {
 module.exports.__napiBindingTarget = __napiStampBindingTarget(nativeBinding, __napiLoadedBindingTarget)
 module.exports = nativeBinding
 module.exports.CancelHandle = nativeBinding.CancelHandle
-module.exports.Emulator = nativeBinding.Emulator
-module.exports.__panicForTest = nativeBinding.__panicForTest
 module.exports.destroySandboxNative = nativeBinding.destroySandboxNative
 module.exports.executeNative = nativeBinding.executeNative
 module.exports.executeStreamNative = nativeBinding.executeStreamNative
 module.exports.followProcessNative = nativeBinding.followProcessNative
 module.exports.shellQuote = nativeBinding.shellQuote
-module.exports.startEmulator = nativeBinding.startEmulator
 module.exports.waitForRequestNative = nativeBinding.waitForRequestNative

@@ -295,10 +295,6 @@ function shellQuote(value) {
   return native.shellQuote(value)
 }
 
-function startEmulator(options) {
-  return native.startEmulator(options)
-}
-
 module.exports = {
   execute,
   executeStream,
@@ -309,5 +305,4 @@ module.exports = {
   CreateosCleanupError,
   CreateosApiError,
   isCreateosCleanupError,
-  startEmulator,
 }

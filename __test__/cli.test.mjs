@@ -7,7 +7,7 @@ import { join } from 'node:path'
 import { ROOT, isMarkedAlive, sleep } from './helpers.mjs'
 
 const EXEC = join(ROOT, 'bin', 'createos-exec.js')
-const EMULATOR = join(ROOT, 'bin', 'createos-emulator.js')
+const EMULATOR = join(ROOT, 'emulator', 'bin', 'createos-emulator.js')
 
 function run(file, args, { env = {}, timeoutMs = 30000, input } = {}) {
   return new Promise((resolve, reject) => {

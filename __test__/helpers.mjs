@@ -11,6 +11,8 @@ import { before, after, beforeEach } from 'node:test'
 
 const require = createRequire(import.meta.url)
 export const lib = require('../index.js')
+/** The emulator package, as a host installs it for its tests (a devDependency). */
+export const emulatorLib = require('createos-execute-emulator')
 export const ROOT = dirname(dirname(fileURLToPath(import.meta.url)))
 
 export const CANCELLED = 'CreateOS command was cancelled.'
@@ -89,7 +91,7 @@ export function useEmulator(metaUrl, onStart, options = {}) {
 }
 
 export async function startEmu(options = {}) {
-  const emu = await lib.startEmulator({ rateLimitPerMinute: null, ...options })
+  const emu = await emulatorLib.startEmulator({ rateLimitPerMinute: null, ...options })
   const seen = new Set()
   const instances = new Set()
   const startedAt = Date.now()

@@ -9,9 +9,9 @@ import {
   destroySandbox,
   isCreateosCleanupError,
   CreateosApiError,
-  startEmulator,
   type ExecuteResult,
 } from "createos-execute";
+import { startEmulator } from "createos-execute-emulator";
 
 // --- the host's shapes (as the plugin SDK and the plugin declare them) -------
 interface PluginEnvironmentLease {

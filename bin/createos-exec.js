@@ -11,7 +11,20 @@
 // by a signal exits 128 + the signal number, like a shell.
 
 const { constants } = require('node:os')
-const { execute, startEmulator, isCreateosCleanupError } = require('..')
+const { execute, isCreateosCleanupError } = require('..')
+
+// `--local` needs the emulator, which is its own package (a devDependency of hosts' tests):
+// the production package does not contain it.
+function loadEmulator() {
+  try {
+    return require('createos-execute-emulator')
+  } catch (error) {
+    if (error && error.code === 'MODULE_NOT_FOUND' && /createos-execute-emulator/.test(error.message)) {
+      throw new Error('--local needs the emulator package: npm install --save-dev createos-execute-emulator')
+    }
+    throw error
+  }
+}
 
 const USAGE = `usage: createos-exec [--local | --api-url URL --sandbox ID] [--timeout MS] [--cwd DIR]
                      [--env K=V]... [--stdin-file FILE] -- command [args...]
@@ -134,7 +147,7 @@ async function main(argv) {
 
   try {
     if (opts.local) {
-      emulator = await startEmulator({ rateLimitPerMinute: null })
+      emulator = await loadEmulator().startEmulator({ rateLimitPerMinute: null })
       apiUrl = emulator.url
       apiKey = emulator.apiKey
       sandboxId = emulator.createSandbox()

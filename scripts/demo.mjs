@@ -7,7 +7,8 @@
 import { createRequire } from 'node:module'
 
 const require = createRequire(import.meta.url)
-const { execute, startEmulator } = require('../index.js')
+const { execute } = require('../index.js')
+const { startEmulator } = require('createos-execute-emulator')
 
 const out = (line = '') => process.stdout.write(`${line}\n`)
 

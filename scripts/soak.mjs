@@ -36,7 +36,8 @@ if (typeof global.gc !== 'function') {
 
 const require = createRequire(import.meta.url)
 const lib = require('../index.js')
-const { execute, startEmulator, CreateosApiError, CreateosCleanupError, isCreateosCleanupError } = lib
+const { startEmulator } = require('createos-execute-emulator')
+const { execute, CreateosApiError, CreateosCleanupError, isCreateosCleanupError } = lib
 
 // ---------------------------------------------------------------------------
 // Options

@@ -1,20 +1,253 @@
-//! createos-execute: run commands in CreateOS sandboxes and prove every process is gone.
+//! The napi glue: argument conversion and promise plumbing only, no logic.
 //!
-//! The core (every module but `binding`) knows nothing about JavaScript; `binding` is the
-//! napi glue, built with the default `node` feature.
+//! Every async entry point resolves with an outcome `{ ok, value?, error? }` and never rejects
+//! for a domain error; `index.js` turns `error` into the right JS class. A Rust panic rejects
+//! the promise (it never aborts the process).
 
-pub mod abort;
-pub mod cleanup;
-pub mod client;
-pub mod config;
-pub mod emulator;
-pub mod error;
-pub mod execute;
-pub mod follow;
-pub mod output;
-pub mod pacer;
-pub mod script;
-pub mod stream;
+use std::panic::AssertUnwindSafe;
 
-#[cfg(feature = "node")]
-mod binding;
+use futures_util::FutureExt;
+use napi::bindgen_prelude::*;
+use napi::threadsafe_function::ThreadsafeFunction;
+use napi_derive::napi;
+use serde_json::{json, Value};
+use tokio::sync::mpsc;
+
+use createos_execute_core::abort::Abort;
+use createos_execute_core::config::{self, Config};
+use createos_execute_core::error::Error;
+use createos_execute_core::execute::{self, ExecuteResult, FollowEvent};
+use createos_execute_core::output::LogLine;
+use createos_execute_core::script;
+
+/// `log(stream, text)`: weak (does not keep Node alive), errors handled by the caller's wrapper.
+type LogFn = ThreadsafeFunction<FnArgs<(String, String)>, (), FnArgs<(String, String)>, Status, false, true>;
+/// `onEvent(kind, data)`: kind is `connected`, `stdout`, `stderr` or `pty`.
+type EventFn = ThreadsafeFunction<FnArgs<(String, Option<Buffer>)>, (), FnArgs<(String, Option<Buffer>)>, Status, false, true>;
+
+/// How many decoded chunks may wait for the JS thread before the reader slows down.
+const LOG_QUEUE: usize = 64;
+/// Adjacent chunks of one stream are joined up to this size when JS is behind.
+const LOG_BATCH_BYTES: usize = 1 << 20;
+
+/// The caller's `AbortSignal`, as seen from Rust. `index.js` calls `cancel` from the signal's
+/// abort listener (or before the call, when the signal is already aborted).
+#[napi]
+pub struct CancelHandle {
+    abort: Abort,
+}
+
+#[napi]
+impl CancelHandle {
+    #[napi(constructor)]
+    #[allow(clippy::new_without_default)]
+    pub fn new() -> Self {
+        CancelHandle { abort: Abort::new() }
+    }
+
+    /// Fires the abort: `timedOut` when the signal's reason is a `TimeoutError`.
+    #[napi]
+    pub fn cancel(&self, timed_out: bool) {
+        self.abort.abort(timed_out);
+    }
+}
+
+/// The one place a Rust error becomes data for JS.
+fn error_json(e: &Error) -> Value {
+    let message = e.to_string();
+    match e {
+        Error::Api { status, .. } => json!({ "kind": "api", "message": message, "status": status }),
+        Error::Cleanup(r) => json!({
+            "kind": "cleanup",
+            "message": message,
+            "reason": r.reason.as_str(),
+            "sandboxId": r.sandbox_id,
+            "processId": r.process_id,
+            "attempts": r.attempts.iter().map(|a| json!({
+                "step": a.step, "graceMs": a.grace_ms, "outcome": a.outcome, "atMs": a.at_ms,
+            })).collect::<Vec<_>>(),
+        }),
+        Error::Cancelled => json!({ "kind": "cancelled", "message": message }),
+        Error::TimedOut => json!({ "kind": "aborted", "timedOut": true, "message": message }),
+        Error::Input(_) => json!({ "kind": "input", "message": message }),
+        _ => json!({ "kind": "error", "message": message }),
+    }
+}
+
+fn outcome(r: std::result::Result<Value, Error>) -> Value {
+    match r {
+        Ok(value) => json!({ "ok": true, "value": value }),
+        Err(e) => json!({ "ok": false, "error": error_json(&e) }),
+    }
+}
+
+fn result_json(r: ExecuteResult) -> Value {
+    json!({
+        "exitCode": r.exit_code,
+        "signal": r.signal,
+        "timedOut": r.timed_out,
+        "stdout": r.stdout,
+        "stderr": r.stderr,
+        "metadata": {
+            "processId": r.process_id,
+            "outputTruncated": r.output_truncated,
+            "treeExited": r.tree_exited,
+        },
+    })
+}
+
+/// Runs `fut` on napi's tokio runtime; a panic rejects the promise.
+fn spawn<'env>(
+    env: &'env Env,
+    fut: impl std::future::Future<Output = Value> + Send + 'static,
+) -> Result<PromiseRaw<'env, Value>> {
+    env.spawn_future(async move {
+        AssertUnwindSafe(fut)
+            .catch_unwind()
+            .await
+            .map_err(|_| napi::Error::from_reason("createos-execute internal error: a panic in native code."))
+    })
+}
+
+/// Delivers decoded output to `log`, in order, one call at a time (each awaited, so a slow
+/// `log` slows the reader through the bounded queue). Ends when the capture is dropped.
+async fn forward_logs(mut rx: mpsc::Receiver<LogLine>, log: LogFn) {
+    let mut next = rx.recv().await;
+    while let Some((stream, mut text)) = next.take() {
+        // Join what is already queued for the same stream while JS is busy.
+        loop {
+            match rx.try_recv() {
+                Ok((s, t)) if s == stream && text.len() + t.len() <= LOG_BATCH_BYTES => text.push_str(&t),
+                Ok(other) => {
+                    next = Some(other);
+                    break;
+                }
+                Err(_) => break,
+            }
+        }
+        let _ = log.call_async_catch(FnArgs::from((stream.as_str().to_owned(), text))).await;
+        if next.is_none() {
+            next = rx.recv().await;
+        }
+    }
+}
+
+type Runner = fn(
+    Config,
+    config::Params,
+    Abort,
+    Option<mpsc::Sender<LogLine>>,
+) -> std::pin::Pin<Box<dyn std::future::Future<Output = std::result::Result<ExecuteResult, Error>> + Send>>;
+
+fn run_command<'env>(env: &'env Env, client: Value, params: Value, cancel: &CancelHandle, on_log: Option<LogFn>, runner: Runner) -> Result<PromiseRaw<'env, Value>> {
+    let abort = cancel.abort.clone();
+    spawn(env, async move {
+        let parsed = config::parse_config(&client).and_then(|c| Ok((c, config::parse_params(&params)?)));
+        let (cfg, params) = match parsed {
+            Ok(p) => p,
+            Err(e) => return outcome(Err(e)),
+        };
+        let (tx, forwarder) = match on_log {
+            Some(log) => {
+                let (tx, rx) = mpsc::channel(LOG_QUEUE);
+                (Some(tx), Some(tokio::spawn(forward_logs(rx, log))))
+            }
+            None => (None, None),
+        };
+        let result = runner(cfg, params, abort, tx).await;
+        // Every log call is delivered before the promise settles.
+        if let Some(f) = forwarder {
+            let _ = f.await;
+        }
+        outcome(result.map(result_json))
+    })
+}
+
+/// Runs a command through a managed process (see `execute.rs`).
+#[napi(ts_args_type = "client: object, params: object, cancel: CancelHandle, onLog?: ((stream: string, text: string) => void) | undefined | null")]
+pub fn execute_native<'env>(env: &'env Env, client: Value, params: Value, cancel: &CancelHandle, on_log: Option<LogFn>) -> Result<PromiseRaw<'env, Value>> {
+    run_command(env, client, params, cancel, on_log, |c, p, a, l| Box::pin(async move { execute::execute(&c, &p, a, l).await }))
+}
+
+/// Runs a command through `/exec?stream=true`.
+#[napi(ts_args_type = "client: object, params: object, cancel: CancelHandle, onLog?: ((stream: string, text: string) => void) | undefined | null")]
+pub fn execute_stream_native<'env>(env: &'env Env, client: Value, params: Value, cancel: &CancelHandle, on_log: Option<LogFn>) -> Result<PromiseRaw<'env, Value>> {
+    run_command(env, client, params, cancel, on_log, |c, p, a, l| Box::pin(async move { execute::execute_stream(&c, &p, a, l).await }))
+}
+
+/// Follows a process the host created; `onEvent('connected')` on every attach,
+/// `onEvent(stream, bytes)` for output.
+#[napi(ts_args_type = "client: object, sandboxId: string, processId: string, cancel: CancelHandle, onEvent: (kind: string, data?: Buffer | null) => void")]
+pub fn follow_process_native<'env>(
+    env: &'env Env,
+    client: Value,
+    sandbox_id: Value,
+    process_id: Value,
+    cancel: &CancelHandle,
+    on_event: EventFn,
+) -> Result<PromiseRaw<'env, Value>> {
+    let abort = cancel.abort.clone();
+    spawn(env, async move {
+        let parsed = config::parse_config(&client)
+            .and_then(|c| Ok((c, config::sandbox_id(Some(&sandbox_id))?, config::process_id(Some(&process_id))?)));
+        let (cfg, sb, pid) = match parsed {
+            Ok(p) => p,
+            Err(e) => return outcome(Err(e)),
+        };
+        let (tx, mut rx) = mpsc::channel::<FollowEvent>(LOG_QUEUE);
+        let forwarder = tokio::spawn(async move {
+            while let Some(ev) = rx.recv().await {
+                let args = match ev {
+                    FollowEvent::Connected => ("connected".to_owned(), None),
+                    FollowEvent::Data(stream, bytes) => (stream.as_str().to_owned(), Some(Buffer::from(bytes))),
+                };
+                let _ = on_event.call_async_catch(FnArgs::from(args)).await;
+            }
+        });
+        let result = execute::follow_process(&cfg, &sb, &pid, abort, tx).await;
+        let _ = forwarder.await;
+        outcome(result.map(|exit| json!({ "exitCode": exit.exit_code, "signal": exit.signal })))
+    })
+}
+
+/// Waits for a request slot of the API origin (the pacer shared with every call).
+#[napi(ts_args_type = "client: object, cancel: CancelHandle")]
+pub fn wait_for_request_native<'env>(env: &'env Env, client: Value, cancel: &CancelHandle) -> Result<PromiseRaw<'env, Value>> {
+    let abort = cancel.abort.clone();
+    spawn(env, async move {
+        let r = match config::parse_config(&client) {
+            Ok(cfg) => execute::wait_for_request(&cfg.api_url, cfg.pacing, abort).await,
+            Err(e) => Err(e),
+        };
+        outcome(r.map(|()| Value::Null))
+    })
+}
+
+/// Destroys a sandbox (404 = already gone).
+#[napi(ts_args_type = "client: object, sandboxId: string")]
+pub fn destroy_sandbox_native<'env>(env: &'env Env, client: Value, sandbox_id: Value) -> Result<PromiseRaw<'env, Value>> {
+    spawn(env, async move {
+        let r = async {
+            let cfg = config::parse_config(&client)?;
+            let sb = config::sandbox_id(Some(&sandbox_id))?;
+            execute::destroy_sandbox(&cfg, &sb).await
+        };
+        outcome(r.await.map(|()| Value::Null))
+    })
+}
+
+/// Quotes a value as one bash word; throws on NUL.
+#[napi]
+pub fn shell_quote(value: String) -> Result<String> {
+    script::shell_quote(&value).map_err(|e| napi::Error::from_reason(e.to_string()))
+}
+
+/// For the robustness tests only: a native call whose future panics.
+#[cfg(feature = "test-hooks")]
+#[napi(js_name = "__panicForTest")]
+pub fn panic_for_test(env: &Env) -> Result<PromiseRaw<'_, Value>> {
+    spawn(env, async {
+        let v: Option<Value> = None;
+        v.expect("deliberate panic for the robustness test")
+    })
+}

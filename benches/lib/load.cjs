@@ -7,6 +7,7 @@
 const path = require('node:path')
 
 const ROOT = path.resolve(__dirname, '..', '..')
+const { startEmulator } = require('createos-execute-emulator')
 
 function adapterOver(native) {
   const toNativeClient = (client) => {
@@ -23,7 +24,7 @@ function adapterOver(native) {
   }
   return {
     via: 'binding.js',
-    startEmulator: (o) => native.startEmulator(o),
+    startEmulator,
     async execute(client, params) {
       const handle = new native.CancelHandle()
       const outcome = await native.executeNative(toNativeClient(client), toNativeParams(params), handle)
@@ -40,8 +41,8 @@ function loadLib() {
   if (cached) return cached
   try {
     const lib = require(path.join(ROOT, 'index.js'))
-    if (typeof lib.execute === 'function' && typeof lib.startEmulator === 'function') {
-      cached = { via: 'index.js', execute: lib.execute, startEmulator: lib.startEmulator }
+    if (typeof lib.execute === 'function') {
+      cached = { via: 'index.js', execute: lib.execute, startEmulator }
       return cached
     }
   } catch (error) {

@@ -2,7 +2,7 @@
 //! only `{"status":"success","data":{...}}` and returns exactly that `data`.
 #![no_main]
 
-use createos_execute::client::envelope_data;
+use createos_execute_core::client::envelope_data;
 use libfuzzer_sys::fuzz_target;
 
 fuzz_target!(|data: &[u8]| {

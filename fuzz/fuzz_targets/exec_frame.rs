@@ -1,7 +1,7 @@
 //! `parse_exec_frame` on any payload: never panics; an accepted frame carries something.
 #![no_main]
 
-use createos_execute::stream::{parse_exec_frame, payload};
+use createos_execute_core::stream::{parse_exec_frame, payload};
 use libfuzzer_sys::fuzz_target;
 
 /// Known bug (reported): serde's derived `Deserialize` also accepts a JSON *array* as a

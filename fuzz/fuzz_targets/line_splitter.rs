@@ -8,7 +8,7 @@
 //! sub-slice of its line.
 #![no_main]
 
-use createos_execute::stream::{payload, LineSplitter, MAX_LINE_BYTES};
+use createos_execute_core::stream::{payload, LineSplitter, MAX_LINE_BYTES};
 use libfuzzer_sys::fuzz_target;
 
 fn build(data: &[u8]) -> (u8, Vec<u8>) {

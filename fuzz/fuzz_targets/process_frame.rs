@@ -2,7 +2,7 @@
 #![no_main]
 
 use base64::Engine;
-use createos_execute::stream::{is_signal_name, parse_process_frame, payload, ProcessFrame};
+use createos_execute_core::stream::{is_signal_name, parse_process_frame, payload, ProcessFrame};
 use libfuzzer_sys::fuzz_target;
 
 /// Known bug (reported): serde's derived `Deserialize` also accepts a JSON *array* as a

@@ -7,7 +7,7 @@
 //! exactly when the whole is longer than `cap`.
 #![no_main]
 
-use createos_execute::output::{utf16_len, Tail, Utf8Decoder, MAX_CAPTURE_UNITS};
+use createos_execute_core::output::{utf16_len, Tail, Utf8Decoder, MAX_CAPTURE_UNITS};
 use libfuzzer_sys::fuzz_target;
 
 fuzz_target!(|data: &[u8]| {

@@ -71,6 +71,14 @@
 //! e.g. when its tokio runtime shuts down; inside a long-lived runtime (Node.js) nothing happens
 //! until `close()`, so always call `close()`.
 
+// The emulator observes process trees through /proc and process groups: it cannot answer
+// `tree_exited` honestly anywhere else, so it does not build anywhere else.
+#[cfg(not(target_os = "linux"))]
+compile_error!(
+    "createos_emulator runs only on Linux: it finds process trees through /proc, and without it \
+     it would claim `tree_exited` for trees it cannot see. Build the core crate or the addon instead."
+);
+
 mod faults;
 mod model;
 mod net;
@@ -236,6 +244,11 @@ pub struct Emulator {
 
 /// Start an emulator. Binds `127.0.0.1:<port>` before returning.
 pub async fn start(opts: EmulatorOptions) -> std::io::Result<Emulator> {
+    // Without a readable /proc every tree would look empty, i.e. exited: refuse to start
+    // rather than ever answer `tree_exited: true` for a tree that was not observed.
+    if std::fs::read("/proc/self/environ").is_err() {
+        return Err(std::io::Error::other("the emulator needs a readable /proc to observe process trees"));
+    }
     let listener = tokio::net::TcpListener::bind(("127.0.0.1", opts.port)).await?;
     let addr = listener.local_addr()?;
     let (root, owns_root) = match opts.root_dir.clone() {

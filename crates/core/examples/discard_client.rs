@@ -26,8 +26,8 @@
 
 use std::time::Instant;
 
-use createos_execute::output::Output;
-use createos_execute::stream::{self, LineSplitter, ProcessFrame, StreamKind};
+use createos_execute_core::output::Output;
+use createos_execute_core::stream::{self, LineSplitter, ProcessFrame, StreamKind};
 
 #[tokio::main(flavor = "current_thread")]
 async fn main() -> Result<(), Box<dyn std::error::Error>> {
@@ -91,7 +91,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
 
 /// The crate's `execute` of `true` on sandbox `sandbox_id`, unpaced; returns the stdout length.
 async fn execute(base: &str, key: &str, sandbox_id: &str) -> Result<u64, Box<dyn std::error::Error>> {
-    use createos_execute::{abort::Abort, config, execute};
+    use createos_execute_core::{abort::Abort, config, execute};
     let cfg = config::parse_config(&serde_json::json!({
         "apiUrl": base, "apiKey": key, "timeoutMs": 600_000, "pacing": "off"
     }))?;
@@ -178,7 +178,7 @@ async fn micro(mib: usize, frame_bytes: usize) -> Result<(), Box<dyn std::error:
     let t = Instant::now();
     let s = std::str::from_utf8(&payload)?;
     for _ in 0..n {
-        std::hint::black_box(createos_execute::output::utf16_len(std::hint::black_box(s)));
+        std::hint::black_box(createos_execute_core::output::utf16_len(std::hint::black_box(s)));
     }
     report("output::utf16_len only", t);
 
@@ -190,8 +190,8 @@ async fn micro(mib: usize, frame_bytes: usize) -> Result<(), Box<dyn std::error:
         s.chars().count() + s.bytes().filter(|&b| b >= 0xF0).count()
     }
     let mixed: String = "aé€😀".repeat(frame_bytes / 10 + 1);
-    assert_eq!(utf16_len_fast(s), createos_execute::output::utf16_len(s));
-    assert_eq!(utf16_len_fast(&mixed), createos_execute::output::utf16_len(&mixed));
+    assert_eq!(utf16_len_fast(s), createos_execute_core::output::utf16_len(s));
+    assert_eq!(utf16_len_fast(&mixed), createos_execute_core::output::utf16_len(&mixed));
     assert_eq!(utf16_len_fast(&mixed), mixed.encode_utf16().count());
     let t = Instant::now();
     for _ in 0..n {
@@ -200,7 +200,7 @@ async fn micro(mib: usize, frame_bytes: usize) -> Result<(), Box<dyn std::error:
     report("candidate utf16_len (is_ascii fast path), ASCII", t);
     let t = Instant::now();
     for _ in 0..n {
-        std::hint::black_box(createos_execute::output::utf16_len(std::hint::black_box(&mixed)));
+        std::hint::black_box(createos_execute_core::output::utf16_len(std::hint::black_box(&mixed)));
     }
     report("output::utf16_len, non-ASCII text of the same size", t);
     let t = Instant::now();

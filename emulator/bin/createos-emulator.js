@@ -6,7 +6,7 @@
 // Runs the local CreateOS emulator until SIGINT/SIGTERM. It runs real processes
 // on this machine and isolates nothing: for tests, demos and development only.
 
-const { startEmulator } = require('..')
+const { startEmulator } = require('..')  // createos-execute-emulator
 
 const USAGE = `usage: createos-emulator [--port N] [--api-key K] [--rate-limit N|off] [--journal-bytes N]
 

@@ -4,7 +4,7 @@ use napi::bindgen_prelude::*;
 use napi_derive::napi;
 use serde_json::Value;
 
-use crate::emulator::{self, EmulatorOptions, FaultRule};
+use createos_emulator::{self as emulator, EmulatorOptions, FaultRule};
 
 #[napi]
 pub struct Emulator {

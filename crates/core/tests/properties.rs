@@ -13,8 +13,8 @@
 use std::path::PathBuf;
 use std::process::Command as Proc;
 
-use createos_execute::output::{utf16_len, Tail, Utf8Decoder};
-use createos_execute::script::{command_script, shell_quote, Command};
+use createos_execute_core::output::{utf16_len, Tail, Utf8Decoder};
+use createos_execute_core::script::{command_script, shell_quote, Command};
 use proptest::prelude::*;
 
 // ---------------------------------------------------------------------------

@@ -380,6 +380,16 @@ pub(crate) fn create_sandbox(inner: &Arc<Inner>, shape: Value) -> std::io::Resul
     Ok(sb)
 }
 
+/// The environment every sandbox process starts with (before `HOME`, the sandbox variables,
+/// the caller's `env` and the tree marker), like a fresh Linux sandbox's.
+const SANDBOX_ENV: &[(&str, &str)] = &[
+    ("PATH", "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"),
+    ("LANG", "C.UTF-8"),
+    ("SHELL", "/bin/bash"),
+    ("USER", "sandbox"),
+    ("LOGNAME", "sandbox"),
+];
+
 pub(crate) struct SpawnSpec<'a> {
     pub cmd: &'a str,
     pub args: &'a [String],
@@ -397,8 +407,12 @@ pub(crate) fn spawn_marked(
 ) -> std::io::Result<(Child, String)> {
     let marker = inner.marker_for(id);
     let mut cmd = Command::new(spec.cmd);
+    // A sandbox has no developer dotfiles and none of the host's variables: a minimal
+    // environment of its own, with HOME in the sandbox (so `bash -l` reads nothing of ours).
     cmd.args(spec.args)
         .current_dir(&spec.cwd)
+        .env_clear()
+        .envs(SANDBOX_ENV.iter().copied())
         .env("HOME", &sb.workspace)
         .env("CREATEOS_SANDBOX_ID", &sb.id)
         .env("CREATEOS_WORKSPACE", &sb.workspace)

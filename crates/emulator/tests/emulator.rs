@@ -6,7 +6,7 @@ use std::panic::AssertUnwindSafe;
 use std::time::{Duration, Instant};
 
 use base64::Engine;
-use createos_execute::emulator::{self, Emulator, EmulatorOptions, FaultRule};
+use createos_test_support::{emulator, with_emulator, Emulator, EmulatorOptions, FaultRule};
 use futures_util::FutureExt;
 use serde_json::{json, Value};
 
@@ -89,20 +89,7 @@ where
     F: FnOnce(Ctx) -> Fut,
     Fut: Future<Output = ()>,
 {
-    let emu = emulator::start(opts).await.expect("start emulator");
-    let ctx = Ctx {
-        emu: emu.clone(),
-        http: reqwest::Client::new(),
-    };
-    let res = AssertUnwindSafe(tokio::time::timeout(Duration::from_secs(40), f(ctx)))
-        .catch_unwind()
-        .await;
-    emu.close().await;
-    match res {
-        Ok(Ok(())) => {}
-        Ok(Err(_)) => panic!("test timed out"),
-        Err(p) => std::panic::resume_unwind(p),
-    }
+    with_emulator(opts, |emu| f(Ctx { emu, http: reqwest::Client::new() })).await;
 }
 
 fn opts() -> EmulatorOptions {
