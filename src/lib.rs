@@ -23,7 +23,8 @@ use createos_execute_core::script;
 /// `log(stream, text)`: weak (does not keep Node alive), errors handled by the caller's wrapper.
 type LogFn = ThreadsafeFunction<FnArgs<(String, String)>, (), FnArgs<(String, String)>, Status, false, true>;
 /// `onEvent(kind, data)`: kind is `connected`, `stdout`, `stderr` or `pty`.
-type EventFn = ThreadsafeFunction<FnArgs<(String, Option<Buffer>)>, (), FnArgs<(String, Option<Buffer>)>, Status, false, true>;
+type EventFn =
+    ThreadsafeFunction<FnArgs<(String, Option<Buffer>)>, (), FnArgs<(String, Option<Buffer>)>, Status, false, true>;
 
 /// How many decoded chunks may wait for the JS thread before the reader slows down.
 const LOG_QUEUE: usize = 64;
@@ -132,14 +133,22 @@ async fn forward_logs(mut rx: mpsc::Receiver<LogLine>, log: LogFn) {
     }
 }
 
-type Runner = fn(
-    Config,
-    config::Params,
-    Abort,
-    Option<mpsc::Sender<LogLine>>,
-) -> std::pin::Pin<Box<dyn std::future::Future<Output = std::result::Result<ExecuteResult, Error>> + Send>>;
+type Runner =
+    fn(
+        Config,
+        config::Params,
+        Abort,
+        Option<mpsc::Sender<LogLine>>,
+    ) -> std::pin::Pin<Box<dyn std::future::Future<Output = std::result::Result<ExecuteResult, Error>> + Send>>;
 
-fn run_command<'env>(env: &'env Env, client: Value, params: Value, cancel: &CancelHandle, on_log: Option<LogFn>, runner: Runner) -> Result<PromiseRaw<'env, Value>> {
+fn run_command<'env>(
+    env: &'env Env,
+    client: Value,
+    params: Value,
+    cancel: &CancelHandle,
+    on_log: Option<LogFn>,
+    runner: Runner,
+) -> Result<PromiseRaw<'env, Value>> {
     let abort = cancel.abort.clone();
     spawn(env, async move {
         let parsed = config::parse_config(&client).and_then(|c| Ok((c, config::parse_params(&params)?)));
@@ -164,20 +173,42 @@ fn run_command<'env>(env: &'env Env, client: Value, params: Value, cancel: &Canc
 }
 
 /// Runs a command through a managed process (see `execute.rs`).
-#[napi(ts_args_type = "client: object, params: object, cancel: CancelHandle, onLog?: ((stream: string, text: string) => void) | undefined | null")]
-pub fn execute_native<'env>(env: &'env Env, client: Value, params: Value, cancel: &CancelHandle, on_log: Option<LogFn>) -> Result<PromiseRaw<'env, Value>> {
-    run_command(env, client, params, cancel, on_log, |c, p, a, l| Box::pin(async move { execute::execute(&c, &p, a, l).await }))
+#[napi(
+    ts_args_type = "client: object, params: object, cancel: CancelHandle, onLog?: ((stream: string, text: string) => void) | undefined | null"
+)]
+pub fn execute_native<'env>(
+    env: &'env Env,
+    client: Value,
+    params: Value,
+    cancel: &CancelHandle,
+    on_log: Option<LogFn>,
+) -> Result<PromiseRaw<'env, Value>> {
+    run_command(env, client, params, cancel, on_log, |c, p, a, l| {
+        Box::pin(async move { execute::execute(&c, &p, a, l).await })
+    })
 }
 
 /// Runs a command through `/exec?stream=true`.
-#[napi(ts_args_type = "client: object, params: object, cancel: CancelHandle, onLog?: ((stream: string, text: string) => void) | undefined | null")]
-pub fn execute_stream_native<'env>(env: &'env Env, client: Value, params: Value, cancel: &CancelHandle, on_log: Option<LogFn>) -> Result<PromiseRaw<'env, Value>> {
-    run_command(env, client, params, cancel, on_log, |c, p, a, l| Box::pin(async move { execute::execute_stream(&c, &p, a, l).await }))
+#[napi(
+    ts_args_type = "client: object, params: object, cancel: CancelHandle, onLog?: ((stream: string, text: string) => void) | undefined | null"
+)]
+pub fn execute_stream_native<'env>(
+    env: &'env Env,
+    client: Value,
+    params: Value,
+    cancel: &CancelHandle,
+    on_log: Option<LogFn>,
+) -> Result<PromiseRaw<'env, Value>> {
+    run_command(env, client, params, cancel, on_log, |c, p, a, l| {
+        Box::pin(async move { execute::execute_stream(&c, &p, a, l).await })
+    })
 }
 
 /// Follows a process the host created; `onEvent('connected')` on every attach,
 /// `onEvent(stream, bytes)` for output.
-#[napi(ts_args_type = "client: object, sandboxId: string, processId: string, cancel: CancelHandle, onEvent: (kind: string, data?: Buffer | null) => void")]
+#[napi(
+    ts_args_type = "client: object, sandboxId: string, processId: string, cancel: CancelHandle, onEvent: (kind: string, data?: Buffer | null) => void"
+)]
 pub fn follow_process_native<'env>(
     env: &'env Env,
     client: Value,
@@ -212,7 +243,11 @@ pub fn follow_process_native<'env>(
 
 /// Waits for a request slot of the API origin (the pacer shared with every call).
 #[napi(ts_args_type = "client: object, cancel: CancelHandle")]
-pub fn wait_for_request_native<'env>(env: &'env Env, client: Value, cancel: &CancelHandle) -> Result<PromiseRaw<'env, Value>> {
+pub fn wait_for_request_native<'env>(
+    env: &'env Env,
+    client: Value,
+    cancel: &CancelHandle,
+) -> Result<PromiseRaw<'env, Value>> {
     let abort = cancel.abort.clone();
     spawn(env, async move {
         let r = match config::parse_config(&client) {
@@ -225,7 +260,11 @@ pub fn wait_for_request_native<'env>(env: &'env Env, client: Value, cancel: &Can
 
 /// Destroys a sandbox (404 = already gone).
 #[napi(ts_args_type = "client: object, sandboxId: string")]
-pub fn destroy_sandbox_native<'env>(env: &'env Env, client: Value, sandbox_id: Value) -> Result<PromiseRaw<'env, Value>> {
+pub fn destroy_sandbox_native<'env>(
+    env: &'env Env,
+    client: Value,
+    sandbox_id: Value,
+) -> Result<PromiseRaw<'env, Value>> {
     spawn(env, async move {
         let r = async {
             let cfg = config::parse_config(&client)?;

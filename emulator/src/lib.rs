@@ -18,13 +18,19 @@ pub struct ProcessOutput {
 }
 
 /// Starts the local CreateOS emulator on 127.0.0.1.
-#[napi(ts_args_type = "options?: { port?: number; apiKey?: string; rateLimitPerMinute?: number | null; journalBytes?: number } | undefined | null")]
+#[napi(
+    ts_args_type = "options?: { port?: number; apiKey?: string; rateLimitPerMinute?: number | null; journalBytes?: number } | undefined | null"
+)]
 pub async fn start_emulator(options: Option<Value>) -> Result<Emulator> {
     let opts: EmulatorOptions = match options {
         Some(Value::Null) | None => EmulatorOptions::default(),
-        Some(v) => serde_json::from_value(v).map_err(|e| napi::Error::from_reason(format!("Invalid emulator options: {e}")))?,
+        Some(v) => {
+            serde_json::from_value(v).map_err(|e| napi::Error::from_reason(format!("Invalid emulator options: {e}")))?
+        }
     };
-    let inner = emulator::start(opts).await.map_err(|e| napi::Error::from_reason(format!("The emulator could not start: {e}")))?;
+    let inner = emulator::start(opts)
+        .await
+        .map_err(|e| napi::Error::from_reason(format!("The emulator could not start: {e}")))?;
     Ok(Emulator { inner })
 }
 
@@ -43,7 +49,9 @@ impl Emulator {
     }
 
     /// Every request so far, in arrival order.
-    #[napi(ts_return_type = "Array<{ method: string; path: string; query: string; route: string; status: number; atMs: number; durationMs: number }>")]
+    #[napi(
+        ts_return_type = "Array<{ method: string; path: string; query: string; route: string; status: number; atMs: number; durationMs: number }>"
+    )]
     pub fn requests(&self) -> Result<Value> {
         serde_json::to_value(self.inner.requests()).map_err(|e| napi::Error::from_reason(e.to_string()))
     }
@@ -56,7 +64,8 @@ impl Emulator {
     /// Adds a fault rule (`{ route?, method?, skip?, times?, action: { kind, ... } }`).
     #[napi(ts_args_type = "rule: object")]
     pub fn add_fault(&self, rule: Value) -> Result<()> {
-        let rule: FaultRule = serde_json::from_value(rule).map_err(|e| napi::Error::from_reason(format!("Invalid fault rule: {e}")))?;
+        let rule: FaultRule =
+            serde_json::from_value(rule).map_err(|e| napi::Error::from_reason(format!("Invalid fault rule: {e}")))?;
         self.inner.add_fault(rule);
         Ok(())
     }

@@ -112,7 +112,9 @@ async fn micro(mib: usize, frame_bytes: usize) -> Result<(), Box<dyn std::error:
     let n = (mib * 1024 * 1024).div_ceil(frame_bytes);
     let mut wire = Vec::with_capacity(n * (enc.len() + 80));
     for seq in 1..=n {
-        wire.extend_from_slice(format!(r#"{{"type":"data","seq":{seq},"stream":"stdout","data_base64":"{enc}"}}"#).as_bytes());
+        wire.extend_from_slice(
+            format!(r#"{{"type":"data","seq":{seq},"stream":"stdout","data_base64":"{enc}"}}"#).as_bytes(),
+        );
         wire.push(b'\n');
     }
     let decoded = (n * frame_bytes) as f64;

@@ -31,7 +31,12 @@ pub struct CleanupPolicy {
 
 impl Default for CleanupPolicy {
     fn default() -> Self {
-        CleanupPolicy { graces_ms: vec![1000, 5000], deadline: Duration::from_secs(300), confirm_ms: 1000, legacy: false }
+        CleanupPolicy {
+            graces_ms: vec![1000, 5000],
+            deadline: Duration::from_secs(300),
+            confirm_ms: 1000,
+            legacy: false,
+        }
     }
 }
 
@@ -170,7 +175,15 @@ pub async fn terminate(
 async fn delete(client: &Client, base: &str, grace_ms: u64, ctx: &Ctx) -> Result<Map<String, Value>> {
     let timeout = ctx.remaining().unwrap_or(Duration::from_secs(60));
     client
-        .json_with(Operation::ProcessCleanup, Method::DELETE, &format!("{base}?grace_ms={grace_ms}"), None, ctx, Retry::RateLimitOnly, timeout)
+        .json_with(
+            Operation::ProcessCleanup,
+            Method::DELETE,
+            &format!("{base}?grace_ms={grace_ms}"),
+            None,
+            ctx,
+            Retry::RateLimitOnly,
+            timeout,
+        )
         .await
 }
 
@@ -179,7 +192,8 @@ async fn confirm(client: &Client, base: &str, confirm_ms: u64, ctx: &Ctx) -> Res
     let budget = ctx.remaining().map_or(confirm_ms, |r| confirm_ms.min(r.as_millis() as u64));
     let timeout = Duration::from_millis(budget) + Duration::from_secs(5);
     let path = format!("{base}/wait?scope=tree&timeout_ms={budget}");
-    match client.json_with(Operation::ProcessStatus, Method::GET, &path, None, ctx, Retry::RateLimitOnly, timeout).await {
+    match client.json_with(Operation::ProcessStatus, Method::GET, &path, None, ctx, Retry::RateLimitOnly, timeout).await
+    {
         Ok(d) => Ok(tree_exited(&d)),
         Err(Error::Api { status: 408, .. }) => Ok(false),
         Err(e) => Err(e),
@@ -247,5 +261,7 @@ pub async fn remove_files(client: &Client, sandbox_id: &str, paths: &[&str], dea
     let mut args = vec![Value::from("-f"), Value::from("--")];
     args.extend(paths.iter().map(|p| Value::from(*p)));
     let body = serde_json::json!({ "cmd": "/bin/rm", "args": args });
-    let _ = client.json(Operation::WorkspaceCommand, Method::POST, &format!("/sandboxes/{sandbox_id}/exec"), Some(body), &ctx).await;
+    let _ = client
+        .json(Operation::WorkspaceCommand, Method::POST, &format!("/sandboxes/{sandbox_id}/exec"), Some(body), &ctx)
+        .await;
 }

@@ -143,7 +143,8 @@ impl Client {
         ctx: &Ctx,
         timeout: Option<Duration>,
     ) -> Result<reqwest::Response> {
-        let mut req = self.http.request(method.clone(), format!("{}{}", self.base, path)).header("X-Api-Key", self.key_header()?);
+        let mut req =
+            self.http.request(method.clone(), format!("{}{}", self.base, path)).header("X-Api-Key", self.key_header()?);
         req = match body {
             Body::Empty => req,
             Body::Json(v) => req
@@ -151,15 +152,14 @@ impl Client {
                 .body(serde_json::to_vec(v).map_err(|_| Error::Internal("a request body could not be encoded"))?),
             Body::Bytes(b) => req.header(CONTENT_TYPE, "application/octet-stream").body(b.clone()),
         };
-        let send = async {
-            req.send().await.map_err(|e| Error::Connection { op, maybe_sent: !e.is_connect() })
-        };
+        let send = async { req.send().await.map_err(|e| Error::Connection { op, maybe_sent: !e.is_connect() }) };
         let resp = match timeout {
-            Some(t) => ctx
-                .run(async {
+            Some(t) => {
+                ctx.run(async {
                     tokio::time::timeout(t, send).await.unwrap_or(Err(Error::Connection { op, maybe_sent: true }))
                 })
-                .await?,
+                .await?
+            }
             None => ctx.run(send).await?,
         };
         let status = resp.status();
@@ -197,10 +197,14 @@ impl Client {
             }
             let started = Instant::now();
             let in_flight = Ctx::cleanup(self.request_timeout + Duration::from_secs(1));
-            let result = match self.transmit(op, &Method::POST, &path, &body, &in_flight, Some(self.request_timeout)).await {
-                Ok(resp) => read_envelope(resp, op, &in_flight, self.request_timeout.saturating_sub(started.elapsed())).await,
-                Err(e) => Err(e),
-            };
+            let result =
+                match self.transmit(op, &Method::POST, &path, &body, &in_flight, Some(self.request_timeout)).await {
+                    Ok(resp) => {
+                        read_envelope(resp, op, &in_flight, self.request_timeout.saturating_sub(started.elapsed()))
+                            .await
+                    }
+                    Err(e) => Err(e),
+                };
             let maybe_created = match &result {
                 Ok(_) => return (result, true),
                 Err(Error::Api { status, .. }) => *status >= 500,
@@ -248,7 +252,14 @@ impl Client {
     }
 
     /// A JSON request; returns the JSend `data` object.
-    pub async fn json(&self, op: Operation, method: Method, path: &str, body: Option<Value>, ctx: &Ctx) -> Result<Map<String, Value>> {
+    pub async fn json(
+        &self,
+        op: Operation,
+        method: Method,
+        path: &str,
+        body: Option<Value>,
+        ctx: &Ctx,
+    ) -> Result<Map<String, Value>> {
         self.json_with(op, method, path, body, ctx, Retry::Safe, self.request_timeout).await
     }
 
@@ -270,7 +281,14 @@ impl Client {
     }
 
     /// Opens a stream (NDJSON); no total timeout, the reader applies an idle timeout.
-    pub async fn open_stream(&self, op: Operation, method: Method, path: &str, body: Body, ctx: &Ctx) -> Result<reqwest::Response> {
+    pub async fn open_stream(
+        &self,
+        op: Operation,
+        method: Method,
+        path: &str,
+        body: Body,
+        ctx: &Ctx,
+    ) -> Result<reqwest::Response> {
         self.send(op, method, path, body, ctx, Retry::RateLimitOnly, Some(self.request_timeout)).await
     }
 
@@ -344,7 +362,12 @@ fn httpdate_parse(s: &str) -> Option<std::time::SystemTime> {
 }
 
 /// Reads a JSON answer (bounded in size and time) and returns its JSend `data`.
-async fn read_envelope(resp: reqwest::Response, op: Operation, ctx: &Ctx, left: Duration) -> Result<Map<String, Value>> {
+async fn read_envelope(
+    resp: reqwest::Response,
+    op: Operation,
+    ctx: &Ctx,
+    left: Duration,
+) -> Result<Map<String, Value>> {
     let left = left.max(Duration::from_millis(1));
     let bytes = ctx
         .run(async {
@@ -393,7 +416,16 @@ mod tests {
         assert_eq!(api_origin("http://127.0.0.1:8080").unwrap(), "http://127.0.0.1:8080");
         assert_eq!(api_origin("http://localhost:1/v1").unwrap(), "http://localhost:1");
         assert_eq!(api_origin("http://[::1]:9").unwrap(), "http://[::1]:9");
-        for bad in ["http://example.com", "ftp://x", "https://u:p@x.com", "https://x.com/?k=1", "https://x.com/#f", "https://x.com/api", "nope", ""] {
+        for bad in [
+            "http://example.com",
+            "ftp://x",
+            "https://u:p@x.com",
+            "https://x.com/?k=1",
+            "https://x.com/#f",
+            "https://x.com/api",
+            "nope",
+            "",
+        ] {
             assert!(matches!(api_origin(bad), Err(Error::Input(INVALID_URL))), "{bad}");
         }
     }

@@ -19,7 +19,8 @@ pub const INVALID_TIMEOUT: &str = "timeoutMs must be an integer between 1 and 86
 pub const INVALID_ARGS: &str = "Sandbox command arguments must be an array of strings.";
 pub const INVALID_CWD: &str = "The sandbox working directory must be a string.";
 pub const INVALID_STDIN: &str = "Sandbox stdin must be a string.";
-pub const INVALID_PACING: &str = "pacing must be 'window', 'spacing', 'off' or an object { limit, windowMs } or { intervalMs }.";
+pub const INVALID_PACING: &str =
+    "pacing must be 'window', 'spacing', 'off' or an object { limit, windowMs } or { intervalMs }.";
 pub const INVALID_GRACE: &str = "cleanupGraceMs must be a non-empty array of integers between 0 and 600000.";
 pub const INVALID_DEADLINE: &str = "cleanupDeadlineMs must be an integer between 1 and 86400000.";
 pub const INVALID_CONFIRM: &str = "confirmPollMs must be an integer between 1 and 600000.";
@@ -85,8 +86,11 @@ pub fn parse_config(v: &Value) -> Result<Config> {
                 let ms = integer(i, 0, 600_000).ok_or(Error::Input(INVALID_PACING))?;
                 Some(PacingMode::Spacing { interval: Duration::from_millis(ms) })
             } else {
-                let limit = opt(p, "limit").and_then(|l| integer(l, 1, 1_000_000)).ok_or(Error::Input(INVALID_PACING))?;
-                let window = opt(p, "windowMs").map_or(Some(60_000), |w| integer(w, 1, 3_600_000)).ok_or(Error::Input(INVALID_PACING))?;
+                let limit =
+                    opt(p, "limit").and_then(|l| integer(l, 1, 1_000_000)).ok_or(Error::Input(INVALID_PACING))?;
+                let window = opt(p, "windowMs")
+                    .map_or(Some(60_000), |w| integer(w, 1, 3_600_000))
+                    .ok_or(Error::Input(INVALID_PACING))?;
                 Some(PacingMode::Window { limit: limit as usize, window: Duration::from_millis(window) })
             }
         }
@@ -95,7 +99,8 @@ pub fn parse_config(v: &Value) -> Result<Config> {
     let mut cleanup = CleanupPolicy { deadline: Duration::from_millis(timeout_ms), ..CleanupPolicy::default() };
     if let Some(g) = opt(m, "cleanupGraceMs") {
         let graces = g.as_array().filter(|a| !a.is_empty() && a.len() <= 16).ok_or(Error::Input(INVALID_GRACE))?;
-        cleanup.graces_ms = graces.iter().map(|x| integer(x, 0, 600_000)).collect::<Option<_>>().ok_or(Error::Input(INVALID_GRACE))?;
+        cleanup.graces_ms =
+            graces.iter().map(|x| integer(x, 0, 600_000)).collect::<Option<_>>().ok_or(Error::Input(INVALID_GRACE))?;
     }
     if let Some(d) = opt(m, "cleanupDeadlineMs") {
         cleanup.deadline = Duration::from_millis(integer(d, 1, 86_400_000).ok_or(Error::Input(INVALID_DEADLINE))?);
@@ -113,7 +118,15 @@ pub fn parse_config(v: &Value) -> Result<Config> {
     if let Some(i) = opt(m, "streamIdleTimeoutMs") {
         follow.idle_timeout = Duration::from_millis(integer(i, 1000, 3_600_000).ok_or(Error::Input(INVALID_IDLE))?);
     }
-    Ok(Config { api_url: api_url.to_owned(), api_key, timeout: Duration::from_millis(timeout_ms), pacing, cleanup, leftover, follow })
+    Ok(Config {
+        api_url: api_url.to_owned(),
+        api_key,
+        timeout: Duration::from_millis(timeout_ms),
+        pacing,
+        cleanup,
+        leftover,
+        follow,
+    })
 }
 
 /// A command to run.
@@ -158,7 +171,9 @@ pub fn parse_params(v: &Value) -> Result<Params> {
     };
     let args = match opt(m, "args") {
         None => vec![],
-        Some(Value::Array(a)) => a.iter().map(|x| x.as_str().map(str::to_owned)).collect::<Option<_>>().ok_or(Error::Input(INVALID_ARGS))?,
+        Some(Value::Array(a)) => {
+            a.iter().map(|x| x.as_str().map(str::to_owned)).collect::<Option<_>>().ok_or(Error::Input(INVALID_ARGS))?
+        }
         Some(_) => return Err(Error::Input(INVALID_ARGS)),
     };
     let cwd = match opt(m, "cwd") {

@@ -78,8 +78,7 @@ pub struct CleanupReport {
 
 pub const CREATION_UNCONFIRMED: &str =
     "CreateOS process creation could not be confirmed; destroy the lease before reusing it.";
-pub const TERMINATION_UNCONFIRMED: &str =
-    "CreateOS command cleanup failed; process termination is unconfirmed.";
+pub const TERMINATION_UNCONFIRMED: &str = "CreateOS command cleanup failed; process termination is unconfirmed.";
 pub const CANCELLED: &str = "CreateOS command was cancelled.";
 
 #[derive(Debug, thiserror::Error)]

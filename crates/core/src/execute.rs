@@ -87,7 +87,12 @@ impl Sink for CaptureSink<'_> {
 }
 
 /// Runs one command through a managed process. See the module doc.
-pub async fn execute(cfg: &Config, params: &Params, abort: Abort, log: Option<mpsc::Sender<LogLine>>) -> Result<ExecuteResult> {
+pub async fn execute(
+    cfg: &Config,
+    params: &Params,
+    abort: Abort,
+    log: Option<mpsc::Sender<LogLine>>,
+) -> Result<ExecuteResult> {
     let client = cfg.client()?;
     let ctx = Ctx::new(abort.clone());
     let mut output = Output::new(log);
@@ -104,7 +109,9 @@ pub async fn execute(cfg: &Config, params: &Params, abort: Abort, log: Option<mp
         Some(&Gate { gate_path: &gate_path, stdin_path: stdin_path.as_deref(), timeout_s: gate_timeout_s }),
     )?;
     let mut progress = Progress::default();
-    let run = run_managed(&client, cfg, params, &ctx, &script, &gate_path, stdin_path.as_deref(), &mut output, &mut progress).await;
+    let run =
+        run_managed(&client, cfg, params, &ctx, &script, &gate_path, stdin_path.as_deref(), &mut output, &mut progress)
+            .await;
     let sb = params.sandbox_id.as_str();
     match run {
         Ok(mut result) => {
@@ -180,7 +187,8 @@ async fn run_managed(
         progress.staged = true;
         client.put_file(sb, path, Bytes::copy_from_slice(stdin.as_bytes()), ctx).await?;
     }
-    let (created, maybe_created) = client.create_process(sb, json!({ "cmd": "/bin/bash", "args": ["-lc", script] }), ctx).await;
+    let (created, maybe_created) =
+        client.create_process(sb, json!({ "cmd": "/bin/bash", "args": ["-lc", script] }), ctx).await;
     let created = created.inspect_err(|_| progress.creation_ambiguous = maybe_created)?;
     let pid = match created.get("process_id").and_then(Value::as_str) {
         Some(id) if client::is_identifier(id) => id.to_owned(),
@@ -227,7 +235,12 @@ async fn run_managed(
 
 /// Runs one command through `/exec?stream=true` (no reconnect, no process id: a dropped
 /// stream cannot be resumed).
-pub async fn execute_stream(cfg: &Config, params: &Params, abort: Abort, log: Option<mpsc::Sender<LogLine>>) -> Result<ExecuteResult> {
+pub async fn execute_stream(
+    cfg: &Config,
+    params: &Params,
+    abort: Abort,
+    log: Option<mpsc::Sender<LogLine>>,
+) -> Result<ExecuteResult> {
     let client = cfg.client()?;
     let ctx = Ctx::new(abort.clone());
     let mut output = Output::new(log);
@@ -239,14 +252,27 @@ pub async fn execute_stream(cfg: &Config, params: &Params, abort: Abort, log: Op
     match run {
         Ok(exit_code) => {
             let c = output.finish().await;
-            Ok(ExecuteResult { exit_code: Some(exit_code), stdout: c.stdout, stderr: c.stderr, output_truncated: c.truncated, ..Default::default() })
+            Ok(ExecuteResult {
+                exit_code: Some(exit_code),
+                stdout: c.stdout,
+                stderr: c.stderr,
+                output_truncated: c.truncated,
+                ..Default::default()
+            })
         }
         Err(_) if abort.is_aborted() => aborted(&abort, output.finish().await, None),
         Err(e) => Err(e),
     }
 }
 
-async fn run_stream(client: &Client, cfg: &Config, params: &Params, ctx: &Ctx, script: &str, output: &mut Output) -> Result<i32> {
+async fn run_stream(
+    client: &Client,
+    cfg: &Config,
+    params: &Params,
+    ctx: &Ctx,
+    script: &str,
+    output: &mut Output,
+) -> Result<i32> {
     let mut body = json!({ "cmd": "/bin/bash", "args": ["-lc", script], "stream": true });
     if let Some(stdin) = &params.stdin {
         body["stdin"] = Value::from(stdin.as_str());
@@ -264,7 +290,9 @@ async fn run_stream(client: &Client, cfg: &Config, params: &Params, ctx: &Ctx, s
                 false
             }
             Ok(None) => true,
-            Err(_) | Ok(Some(Err(_))) => return Err(Error::Connection { op: Operation::WorkspaceCommand, maybe_sent: true }),
+            Err(_) | Ok(Some(Err(_))) => {
+                return Err(Error::Connection { op: Operation::WorkspaceCommand, maybe_sent: true })
+            }
         };
         loop {
             let line = if ended { lines.finish()? } else { lines.next_line()? };
@@ -332,7 +360,10 @@ pub async fn follow_process(
 pub async fn destroy_sandbox(cfg: &Config, sandbox_id: &str) -> Result<()> {
     let client = cfg.client()?;
     let ctx = Ctx::cleanup(cfg.cleanup.deadline);
-    match client.json(Operation::SandboxLifecycle, Method::DELETE, &format!("/sandboxes/{sandbox_id}"), None, &ctx).await {
+    match client
+        .json(Operation::SandboxLifecycle, Method::DELETE, &format!("/sandboxes/{sandbox_id}"), None, &ctx)
+        .await
+    {
         Ok(_) | Err(Error::Api { status: 404, .. }) => Ok(()),
         Err(e) => Err(e),
     }

@@ -93,7 +93,13 @@ pub async fn follow(
     loop {
         ctx.check()?;
         let opened = client
-            .open_stream(Operation::OutputConnection, Method::GET, &format!("{base}/connect?after={cursor}"), Body::Empty, ctx)
+            .open_stream(
+                Operation::OutputConnection,
+                Method::GET,
+                &format!("{base}/connect?after={cursor}"),
+                Body::Empty,
+                ctx,
+            )
             .await;
         let broken = match opened {
             Ok(resp) => {
@@ -247,7 +253,13 @@ async fn handle_line(line: &[u8], cursor: &mut u64, sink: &mut impl Sink) -> Res
 
 /// Long-polls `wait?scope=tree` (408 = still running, ask again; bounded) and returns the
 /// exit and the journal's `newest_seq`.
-async fn recover_exit(client: &Client, base: &str, cursor: u64, ctx: &Ctx, opts: &FollowOptions) -> Result<(Followed, u64)> {
+async fn recover_exit(
+    client: &Client,
+    base: &str,
+    cursor: u64,
+    ctx: &Ctx,
+    opts: &FollowOptions,
+) -> Result<(Followed, u64)> {
     let path = format!("{base}/wait?scope=tree&timeout_ms={}", opts.wait_timeout_ms);
     let timeout = Duration::from_millis(opts.wait_timeout_ms) + opts.request_timeout;
     let mut polls = 0;
@@ -259,7 +271,8 @@ async fn recover_exit(client: &Client, base: &str, cursor: u64, ctx: &Ctx, opts:
         }
     };
     let newest = newest_seq(&data).filter(|n| *n >= cursor).ok_or(Error::Protocol(JOURNAL_INVALID))?;
-    let exit = stream::exit_status(data.get("exit_code").unwrap_or(&Value::Null), data.get("signal").unwrap_or(&Value::Null))?;
+    let exit =
+        stream::exit_status(data.get("exit_code").unwrap_or(&Value::Null), data.get("signal").unwrap_or(&Value::Null))?;
     Ok((Followed { exit, tree_exited: data.get("tree_exited").and_then(Value::as_bool) }, newest))
 }
 

@@ -328,7 +328,15 @@ mod tests {
 
     #[test]
     fn invalid_bytes_become_replacement_characters_like_lossy_decoding() {
-        let cases: &[&[u8]] = &[b"a\xffb", b"\xe2\x82", b"\xf0\x9f\x98", b"\xc0\xaf", b"\xed\xa0\x80", b"ok\xe2\x82(", b"\xf4\x90\x80\x80"];
+        let cases: &[&[u8]] = &[
+            b"a\xffb",
+            b"\xe2\x82",
+            b"\xf0\x9f\x98",
+            b"\xc0\xaf",
+            b"\xed\xa0\x80",
+            b"ok\xe2\x82(",
+            b"\xf4\x90\x80\x80",
+        ];
         for bytes in cases {
             let whole = String::from_utf8_lossy(bytes).into_owned();
             assert_eq!(decode_chunks(&[bytes]), whole, "{bytes:?}");

@@ -131,10 +131,7 @@ impl Pacer {
 pub fn for_origin(origin: &str, mode: Option<PacingMode>) -> Arc<Pacer> {
     static REGISTRY: OnceLock<Mutex<HashMap<String, Arc<Pacer>>>> = OnceLock::new();
     let mut map = REGISTRY.get_or_init(Default::default).lock().unwrap_or_else(|e| e.into_inner());
-    let pacer = map
-        .entry(origin.to_owned())
-        .or_insert_with(|| Arc::new(Pacer::new(mode.unwrap_or_default())))
-        .clone();
+    let pacer = map.entry(origin.to_owned()).or_insert_with(|| Arc::new(Pacer::new(mode.unwrap_or_default()))).clone();
     if let Some(mode) = mode {
         pacer.set_mode(mode);
     }

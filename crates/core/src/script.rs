@@ -94,9 +94,8 @@ pub fn command_script(cmd: &Command<'_>, gate: Option<&Gate<'_>>) -> Result<Stri
         lines.push(format!("__cos_end=$((SECONDS+{}))", g.timeout_s.max(1)));
         lines.push("__cos_nap=0.01".into());
         lines.push(format!("while [ ! -e {gate_q} ]; do"));
-        lines.push(format!(
-            "  if [ \"$SECONDS\" -ge \"$__cos_end\" ]; then {remove_stdin}exit {GATE_TIMEOUT_EXIT}; fi"
-        ));
+        lines
+            .push(format!("  if [ \"$SECONDS\" -ge \"$__cos_end\" ]; then {remove_stdin}exit {GATE_TIMEOUT_EXIT}; fi"));
         lines.push("  read -r -t 0.02 __cos_x 2>/dev/null".into());
         lines.push("  if [ $? -le 128 ]; then sleep \"$__cos_nap\"; case $__cos_nap in 0.01) __cos_nap=0.05;; 0.05) __cos_nap=0.25;; esac; fi".into());
         lines.push("done".into());

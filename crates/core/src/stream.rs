@@ -136,14 +136,24 @@ pub struct ProcessExit {
 /// One frame of a managed-process `connect` stream.
 #[derive(Debug, PartialEq)]
 pub enum ProcessFrame {
-    Data { seq: u64, stream: StreamKind, bytes: Vec<u8> },
+    Data {
+        seq: u64,
+        stream: StreamKind,
+        bytes: Vec<u8>,
+    },
     Heartbeat,
     /// The process exited. `tree_exited` and `newest_seq` (the last data seq) are used when
     /// the server sends them; the vendor documents neither, so a client asks when they are
     /// missing.
-    Exit { exit: ProcessExit, tree_exited: Option<bool>, newest_seq: Option<u64> },
+    Exit {
+        exit: ProcessExit,
+        tree_exited: Option<bool>,
+        newest_seq: Option<u64>,
+    },
     /// An `error` frame. `evicted` when the server says the output was evicted.
-    Error { evicted: bool },
+    Error {
+        evicted: bool,
+    },
 }
 
 #[derive(Deserialize)]
@@ -222,15 +232,12 @@ pub fn parse_process_frame(payload: &[u8]) -> Result<ProcessFrame> {
     if !is_object(payload) {
         return Err(Error::Protocol(INVALID_FRAME));
     }
-    let raw: RawProcessFrame<'_> =
-        serde_json::from_slice(payload).map_err(|_| Error::Protocol(INVALID_FRAME))?;
+    let raw: RawProcessFrame<'_> = serde_json::from_slice(payload).map_err(|_| Error::Protocol(INVALID_FRAME))?;
     let kind = raw.kind.and_then(raw_str);
     match kind.as_deref() {
         Some("heartbeat") => Ok(ProcessFrame::Heartbeat),
         Some("data") => {
-            let seq = safe_integer(&raw_value(raw.seq))
-                .filter(|s| *s >= 1)
-                .ok_or(Error::Protocol(INVALID_SEQ))? as u64;
+            let seq = safe_integer(&raw_value(raw.seq)).filter(|s| *s >= 1).ok_or(Error::Protocol(INVALID_SEQ))? as u64;
             let stream = match raw.stream.and_then(raw_str).as_deref() {
                 Some("stdout") => StreamKind::Stdout,
                 Some("stderr") => StreamKind::Stderr,
@@ -238,7 +245,8 @@ pub fn parse_process_frame(payload: &[u8]) -> Result<ProcessFrame> {
                 _ => return Err(Error::Protocol(INVALID_OUTPUT)),
             };
             let data = raw.data_base64.and_then(raw_str).ok_or(Error::Protocol(INVALID_OUTPUT))?;
-            let bytes = base64_simd::STANDARD.decode_to_vec(data.as_bytes()).map_err(|_| Error::Protocol(INVALID_OUTPUT))?;
+            let bytes =
+                base64_simd::STANDARD.decode_to_vec(data.as_bytes()).map_err(|_| Error::Protocol(INVALID_OUTPUT))?;
             Ok(ProcessFrame::Data { seq, stream, bytes })
         }
         Some("exit") => {
@@ -246,9 +254,10 @@ pub fn parse_process_frame(payload: &[u8]) -> Result<ProcessFrame> {
             let tree_exited = raw_value(raw.tree_exited).as_bool();
             let newest_seq = match raw.newest_seq {
                 None => None,
-                Some(n) => Some(
-                    safe_integer(&raw_value(Some(n))).filter(|n| *n >= 0).ok_or(Error::Protocol(INVALID_SEQ))? as u64,
-                ),
+                Some(n) => {
+                    Some(safe_integer(&raw_value(Some(n))).filter(|n| *n >= 0).ok_or(Error::Protocol(INVALID_SEQ))?
+                        as u64)
+                }
             };
             Ok(ProcessFrame::Exit { exit, tree_exited, newest_seq })
         }
@@ -289,8 +298,7 @@ pub fn parse_exec_frame(payload: &[u8]) -> Result<ExecFrame> {
     if !is_object(payload) {
         return Err(Error::Protocol(INVALID_EXEC_EVENT));
     }
-    let raw: RawExecFrame =
-        serde_json::from_slice(payload).map_err(|_| Error::Protocol(INVALID_EXEC_EVENT))?;
+    let raw: RawExecFrame = serde_json::from_slice(payload).map_err(|_| Error::Protocol(INVALID_EXEC_EVENT))?;
     let text = |v: serde_json::Value| match v {
         serde_json::Value::String(s) => Ok(Some(s)),
         serde_json::Value::Null => Ok(None),
@@ -303,18 +311,10 @@ pub fn parse_exec_frame(payload: &[u8]) -> Result<ExecFrame> {
         error: !raw.error.is_null(),
         exit_code: match &raw.exit_code {
             serde_json::Value::Null => None,
-            v => Some(
-                safe_integer(v)
-                    .and_then(|c| i32::try_from(c).ok())
-                    .ok_or(Error::Protocol(INVALID_EXEC_EVENT))?,
-            ),
+            v => Some(safe_integer(v).and_then(|c| i32::try_from(c).ok()).ok_or(Error::Protocol(INVALID_EXEC_EVENT))?),
         },
     };
-    if !frame.heartbeat
-        && frame.stdout.is_none()
-        && frame.stderr.is_none()
-        && !frame.error
-        && frame.exit_code.is_none()
+    if !frame.heartbeat && frame.stdout.is_none() && frame.stderr.is_none() && !frame.error && frame.exit_code.is_none()
     {
         return Err(Error::Protocol(INVALID_EXEC_EVENT));
     }
@@ -374,31 +374,48 @@ mod tests {
         let f = parse_process_frame(br#"{"type":"data","seq":3,"stream":"stdout","data_base64":"aGk="}"#).unwrap();
         assert_eq!(f, ProcessFrame::Data { seq: 3, stream: StreamKind::Stdout, bytes: b"hi".to_vec() });
         assert_eq!(parse_process_frame(br#"{"type":"heartbeat"}"#).unwrap(), ProcessFrame::Heartbeat);
-        let bad_seq = [r#"{"type":"data","seq":0,"stream":"stdout","data_base64":""}"#,
+        let bad_seq = [
+            r#"{"type":"data","seq":0,"stream":"stdout","data_base64":""}"#,
             r#"{"type":"data","seq":"1","stream":"stdout","data_base64":""}"#,
             r#"{"type":"data","seq":1.5,"stream":"stdout","data_base64":""}"#,
             r#"{"type":"data","seq":9007199254740992,"stream":"stdout","data_base64":""}"#,
-            r#"{"type":"data","stream":"stdout","data_base64":""}"#];
+            r#"{"type":"data","stream":"stdout","data_base64":""}"#,
+        ];
         for b in bad_seq {
             assert!(matches!(parse_process_frame(b.as_bytes()), Err(Error::Protocol(INVALID_SEQ))), "{b}");
         }
-        for b in [r#"{"type":"data","seq":1,"stream":"stdout","data_base64":"a"}"#,
+        for b in [
+            r#"{"type":"data","seq":1,"stream":"stdout","data_base64":"a"}"#,
             r#"{"type":"data","seq":1,"stream":"stdout","data_base64":"aGk"}"#,
             r#"{"type":"data","seq":1,"stream":"other","data_base64":"aGk="}"#,
-            r#"{"type":"data","seq":1,"stream":"stdout","data_base64":5}"#] {
+            r#"{"type":"data","seq":1,"stream":"stdout","data_base64":5}"#,
+        ] {
             assert!(matches!(parse_process_frame(b.as_bytes()), Err(Error::Protocol(INVALID_OUTPUT))), "{b}");
         }
         assert_eq!(
             parse_process_frame(br#"{"type":"exit","exit_code":null,"signal":"SIGKILL","tree_exited":true}"#).unwrap(),
-            ProcessFrame::Exit { exit: ProcessExit { exit_code: None, signal: Some("SIGKILL".into()) }, tree_exited: Some(true), newest_seq: None }
+            ProcessFrame::Exit {
+                exit: ProcessExit { exit_code: None, signal: Some("SIGKILL".into()) },
+                tree_exited: Some(true),
+                newest_seq: None
+            }
         );
         assert!(matches!(parse_process_frame(br#"{"type":"exit"}"#), Err(Error::Protocol(EXIT_STATUS_MISSING))));
-        assert!(matches!(parse_process_frame(br#"{"type":"exit","signal":"kill"}"#), Err(Error::Protocol(EXIT_STATUS_MISSING))));
-        assert_eq!(parse_process_frame(br#"{"type":"error","error":"output_offset_expired"}"#).unwrap(), ProcessFrame::Error { evicted: true });
+        assert!(matches!(
+            parse_process_frame(br#"{"type":"exit","signal":"kill"}"#),
+            Err(Error::Protocol(EXIT_STATUS_MISSING))
+        ));
+        assert_eq!(
+            parse_process_frame(br#"{"type":"error","error":"output_offset_expired"}"#).unwrap(),
+            ProcessFrame::Error { evicted: true }
+        );
         assert!(matches!(parse_process_frame(br#"{"type":"nope"}"#), Err(Error::Protocol(UNKNOWN_EVENT))));
         assert!(matches!(parse_process_frame(b"[1]"), Err(Error::Protocol(INVALID_FRAME))));
         // serde reads structs from arrays too; frames are objects only.
-        assert!(matches!(parse_process_frame(br#"["data",1,"stdout","aGk=",null,null,null,null]"#), Err(Error::Protocol(INVALID_FRAME))));
+        assert!(matches!(
+            parse_process_frame(br#"["data",1,"stdout","aGk=",null,null,null,null]"#),
+            Err(Error::Protocol(INVALID_FRAME))
+        ));
         assert!(parse_exec_frame(br#"["%",""]"#).is_err());
         assert!(matches!(
             parse_process_frame(br#"{"type":"exit","exit_code":0,"newest_seq":7}"#).unwrap(),

@@ -5,9 +5,9 @@ use std::time::Duration;
 
 use createos_execute_core::abort::Abort;
 use createos_execute_core::config::{parse_config, parse_params, Config, Params};
-use createos_test_support::{assert_nothing_alive, unlimited, with_emulator, Emulator, FaultRule};
 use createos_execute_core::error::{CleanupReason, Error};
 use createos_execute_core::execute::{execute, ExecuteResult};
+use createos_test_support::{assert_nothing_alive, unlimited, with_emulator, Emulator, FaultRule};
 use serde_json::json;
 
 fn cfg(emu: &Emulator, extra: serde_json::Value) -> Config {
@@ -56,7 +56,8 @@ async fn tree_that_exits_after_delete_answers_false_is_confirmed_without_error()
     with_emulator(unlimited(), |emu| async move {
         let sb = emu.create_sandbox_now();
         fault(&emu, json!({ "route": "deleteProcess", "times": 1, "action": { "kind": "treeExitsAfter", "ms": 500 } }));
-        let r = timed_out_run(&cfg(&emu, json!({})), &sb, "echo up; sleep 30", Duration::from_millis(600)).await.unwrap();
+        let r =
+            timed_out_run(&cfg(&emu, json!({})), &sb, "echo up; sleep 30", Duration::from_millis(600)).await.unwrap();
         assert!(r.timed_out);
         assert_eq!(r.stdout, "up\n");
         let l = log(&emu);
@@ -77,11 +78,14 @@ async fn delete_503_twice_then_success_is_no_error() {
         let r = timed_out_run(&c, &sb, "sleep 30", Duration::from_millis(300)).await.unwrap();
         assert!(r.timed_out);
         let deletes: Vec<_> = log(&emu).into_iter().filter(|x| x.contains("deleteProcess")).collect();
-        assert_eq!(deletes, vec![
-            "DELETE deleteProcess grace_ms=200 503",
-            "DELETE deleteProcess grace_ms=500 503",
-            "DELETE deleteProcess grace_ms=500 200",
-        ]);
+        assert_eq!(
+            deletes,
+            vec![
+                "DELETE deleteProcess grace_ms=200 503",
+                "DELETE deleteProcess grace_ms=500 503",
+                "DELETE deleteProcess grace_ms=500 200",
+            ]
+        );
         assert_nothing_alive(&emu).await;
     })
     .await;
@@ -150,7 +154,10 @@ async fn legacy_cleanup_gives_up_after_one_delete() {
     with_emulator(unlimited(), |emu| async move {
         let sb = emu.create_sandbox_now();
         fault(&emu, json!({ "route": "deleteProcess", "times": 1, "action": { "kind": "treeExitsAfter", "ms": 300 } }));
-        let err = timed_out_run(&cfg(&emu, json!({ "legacyCleanup": true })), &sb, "sleep 30", Duration::from_millis(300)).await.unwrap_err();
+        let err =
+            timed_out_run(&cfg(&emu, json!({ "legacyCleanup": true })), &sb, "sleep 30", Duration::from_millis(300))
+                .await
+                .unwrap_err();
         assert!(matches!(&err, Error::Cleanup(r) if r.reason == CleanupReason::TerminationUnconfirmed), "{err:?}");
         assert_eq!(count(&emu, "deleteProcess"), 1);
         assert_eq!(count(&emu, "wait"), 0);
@@ -169,7 +176,10 @@ async fn leftover_background_child_is_reported_and_ended_when_asked() {
         assert_eq!(count(&emu, "deleteProcess"), 0, "keep: nothing is ended");
         assert!(!emu.live_pids().is_empty(), "the child is still running");
         emu.clear_requests();
-        let r = execute(&cfg(&emu, json!({ "leftoverProcesses": "terminate" })), &params(&sb, script), Abort::new(), None).await.unwrap();
+        let r =
+            execute(&cfg(&emu, json!({ "leftoverProcesses": "terminate" })), &params(&sb, script), Abort::new(), None)
+                .await
+                .unwrap();
         assert_eq!(r.tree_exited, Some(false));
         assert_eq!(count(&emu, "deleteProcess"), 1);
     })
@@ -228,7 +238,9 @@ async fn frames_lost_just_before_the_exit_are_replayed_not_dropped() {
     with_emulator(unlimited(), |emu| async move {
         let sb = emu.create_sandbox_now();
         fault(&emu, json!({ "route": "connect", "times": 1, "action": { "kind": "gapAfterFrames", "frames": 1 } }));
-        let r = execute(&cfg(&emu, json!({})), &params(&sb, "printf a; sleep 0.05; printf b"), Abort::new(), None).await.unwrap();
+        let r = execute(&cfg(&emu, json!({})), &params(&sb, "printf a; sleep 0.05; printf b"), Abort::new(), None)
+            .await
+            .unwrap();
         assert_eq!((r.exit_code, r.stdout.as_str()), (Some(0), "ab"));
         let connects: Vec<_> = emu.requests().into_iter().filter(|q| q.route == "connect").map(|q| q.query).collect();
         assert_eq!(connects, vec!["after=0", "after=1"]);

@@ -209,15 +209,10 @@ impl Drop for Inner {
             return;
         }
         let prefix = self.mark_prefix();
-        let groups: HashSet<i32> = self
-            .groups
-            .get_mut()
-            .map(|g| g.keys().copied().collect())
-            .unwrap_or_default();
+        let groups: HashSet<i32> = self.groups.get_mut().map(|g| g.keys().copied().collect()).unwrap_or_default();
         for _ in 0..10 {
             let found = procfs::scan(&|e: &procfs::Entry| {
-                e.mark.as_deref().is_some_and(|m| m.starts_with(&prefix))
-                    || groups.contains(&e.pgid)
+                e.mark.as_deref().is_some_and(|m| m.starts_with(&prefix)) || groups.contains(&e.pgid)
             });
             if found.is_empty() {
                 break;
@@ -257,18 +252,13 @@ pub async fn start(opts: EmulatorOptions) -> std::io::Result<Emulator> {
             (dir, false)
         }
         None => {
-            let dir = std::env::temp_dir().join(format!(
-                "createos-emulator-{}",
-                &uuid::Uuid::new_v4().simple().to_string()[..12]
-            ));
+            let dir = std::env::temp_dir()
+                .join(format!("createos-emulator-{}", &uuid::Uuid::new_v4().simple().to_string()[..12]));
             std::fs::create_dir_all(&dir)?;
             (dir, true)
         }
     };
-    let api_key = opts
-        .api_key
-        .clone()
-        .unwrap_or_else(|| format!("emu_{}", uuid::Uuid::new_v4().simple()));
+    let api_key = opts.api_key.clone().unwrap_or_else(|| format!("emu_{}", uuid::Uuid::new_v4().simple()));
     let inner = Arc::new(Inner {
         instance: format!("emu{}", &uuid::Uuid::new_v4().simple().to_string()[..12]),
         api_key,
@@ -320,11 +310,7 @@ impl Emulator {
     }
 
     pub fn add_fault(&self, rule: FaultRule) {
-        self.inner
-            .faults
-            .lock()
-            .unwrap()
-            .push(FaultSlot { rule, seen: 0 });
+        self.inner.faults.lock().unwrap().push(FaultSlot { rule, seen: 0 });
     }
 
     pub fn clear_faults(&self) {
@@ -372,36 +358,25 @@ impl Emulator {
         let groups = inner.live_groups();
         procfs::kill_until_gone(
             Arc::new(move |e: &procfs::Entry| {
-                e.mark.as_deref().is_some_and(|m| m.starts_with(&prefix))
-                    || groups.contains(&e.pgid)
+                e.mark.as_deref().is_some_and(|m| m.starts_with(&prefix)) || groups.contains(&e.pgid)
             }),
             deadline,
         )
         .await;
         // Wait until every direct child was reaped (so no zombie of ours is left behind).
         while inner.unreaped.load(Ordering::SeqCst) > 0 && Instant::now() < deadline {
-            let _ = tokio::time::timeout(Duration::from_millis(20), inner.reaped_notify.notified())
-                .await;
+            let _ = tokio::time::timeout(Duration::from_millis(20), inner.reaped_notify.notified()).await;
         }
         let serve = inner.serve_task.lock().unwrap().take();
         if let Some(mut h) = serve {
-            if tokio::time::timeout(Duration::from_secs(2), &mut h)
-                .await
-                .is_err()
-            {
+            if tokio::time::timeout(Duration::from_secs(2), &mut h).await.is_err() {
                 h.abort();
             }
         }
         if let Some(h) = inner.reaper_task.lock().unwrap().take() {
             h.abort();
         }
-        let sandboxes: Vec<Arc<Sandbox>> = inner
-            .sandboxes
-            .lock()
-            .unwrap()
-            .drain()
-            .map(|(_, v)| v)
-            .collect();
+        let sandboxes: Vec<Arc<Sandbox>> = inner.sandboxes.lock().unwrap().drain().map(|(_, v)| v).collect();
         for sb in sandboxes {
             let _ = std::fs::remove_dir_all(&sb.dir);
         }

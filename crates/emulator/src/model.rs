@@ -32,10 +32,7 @@ const CROCKFORD: &[u8; 32] = b"0123456789ABCDEFGHJKMNPQRSTVWXYZ";
 
 /// `sb-` + 26 Crockford base32 chars (48-bit ms timestamp + 80 random bits, ULID layout).
 pub(crate) fn new_sandbox_id() -> String {
-    let ms = SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .unwrap_or_default()
-        .as_millis();
+    let ms = SystemTime::now().duration_since(UNIX_EPOCH).unwrap_or_default().as_millis();
     let rnd: u128 = rand::random::<u128>() & ((1u128 << 80) - 1);
     let v = ((ms & ((1u128 << 48) - 1)) << 80) | rnd;
     let mut s = String::with_capacity(29);
@@ -48,17 +45,12 @@ pub(crate) fn new_sandbox_id() -> String {
 }
 
 pub(crate) fn new_hex_id(prefix: &str) -> String {
-    format!(
-        "{prefix}{}",
-        &uuid::Uuid::new_v4().simple().to_string()[..16]
-    )
+    format!("{prefix}{}", &uuid::Uuid::new_v4().simple().to_string()[..16])
 }
 
 /// RFC 3339 UTC timestamp with milliseconds.
 pub(crate) fn rfc3339_now() -> String {
-    let d = SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .unwrap_or_default();
+    let d = SystemTime::now().duration_since(UNIX_EPOCH).unwrap_or_default();
     let secs = d.as_secs() as i64;
     let ms = d.subsec_millis();
     let days = secs.div_euclid(86_400);
@@ -73,12 +65,7 @@ pub(crate) fn rfc3339_now() -> String {
     let day = doy - (153 * mp + 2) / 5 + 1;
     let month = if mp < 10 { mp + 3 } else { mp - 9 };
     let year = yoe + era * 400 + if month <= 2 { 1 } else { 0 };
-    format!(
-        "{year:04}-{month:02}-{day:02}T{:02}:{:02}:{:02}.{ms:03}Z",
-        sod / 3600,
-        (sod / 60) % 60,
-        sod % 60
-    )
+    format!("{year:04}-{month:02}-{day:02}T{:02}:{:02}:{:02}.{ms:03}Z", sod / 3600, (sod / 60) % 60, sod % 60)
 }
 
 // ---------------------------------------------------------------- journal
@@ -105,22 +92,13 @@ pub(crate) enum Read {
 
 impl Journal {
     fn new(cap: usize) -> Journal {
-        Journal {
-            frames: VecDeque::new(),
-            bytes: 0,
-            cap,
-            newest: 0,
-        }
+        Journal { frames: VecDeque::new(), bytes: 0, cap, newest: 0 }
     }
 
     fn push(&mut self, stream: u8, data: Bytes) {
         self.newest += 1;
         self.bytes += data.len();
-        self.frames.push_back(Frame {
-            seq: self.newest,
-            stream,
-            data,
-        });
+        self.frames.push_back(Frame { seq: self.newest, stream, data });
         while self.bytes > self.cap && self.frames.len() > 1 {
             let f = self.frames.pop_front().unwrap();
             self.bytes -= f.data.len();
@@ -142,10 +120,7 @@ impl Journal {
     }
 
     pub fn oldest_seq(&self) -> u64 {
-        self.frames
-            .front()
-            .map(|f| f.seq)
-            .unwrap_or(self.newest + 1)
+        self.frames.front().map(|f| f.seq).unwrap_or(self.newest + 1)
     }
 
     pub fn bytes(&self) -> usize {
@@ -262,9 +237,7 @@ impl Proc {
         let marker = self.marker.clone();
         let pid = self.pid;
         let group_live = inner.groups.lock().unwrap().contains_key(&pid);
-        Arc::new(move |e: &Entry| {
-            e.mark.as_deref() == Some(marker.as_str()) || (group_live && e.pgid == pid)
-        })
+        Arc::new(move |e: &Entry| e.mark.as_deref() == Some(marker.as_str()) || (group_live && e.pgid == pid))
     }
 }
 
@@ -281,27 +254,14 @@ pub(crate) struct Sandbox {
 
 impl Sandbox {
     pub fn process(&self, id: &str) -> Option<Arc<Proc>> {
-        self.procs
-            .lock()
-            .unwrap()
-            .iter()
-            .find(|p| p.id == id)
-            .cloned()
+        self.procs.lock().unwrap().iter().find(|p| p.id == id).cloned()
     }
 
     pub fn filter(&self, inner: &Inner) -> Filter {
         let markers = self.markers.lock().unwrap().clone();
         let live = inner.live_groups();
-        let leaders: HashSet<i32> = self
-            .leaders
-            .lock()
-            .unwrap()
-            .intersection(&live)
-            .copied()
-            .collect();
-        Arc::new(move |e: &Entry| {
-            e.mark.as_deref().is_some_and(|m| markers.contains(m)) || leaders.contains(&e.pgid)
-        })
+        let leaders: HashSet<i32> = self.leaders.lock().unwrap().intersection(&live).copied().collect();
+        Arc::new(move |e: &Entry| e.mark.as_deref().is_some_and(|m| markers.contains(m)) || leaders.contains(&e.pgid))
     }
 
     /// Map a client path onto the host: `/workspace` prefix → workspace dir, else identity.
@@ -312,10 +272,7 @@ impl Sandbox {
         if !p.starts_with('/') {
             return Err("path must be absolute");
         }
-        if Path::new(p)
-            .components()
-            .any(|c| matches!(c, Component::ParentDir))
-        {
+        if Path::new(p).components().any(|c| matches!(c, Component::ParentDir)) {
             return Err("path must not contain '..'");
         }
         if p == "/workspace" {
@@ -330,9 +287,7 @@ impl Sandbox {
     /// Files API path: mapped, and only under /tmp/ or the workspace.
     pub fn file_path(&self, p: &str) -> Result<PathBuf, &'static str> {
         let host = self.map_path(p)?;
-        if host.starts_with(&self.workspace)
-            || (host.starts_with("/tmp") && host != Path::new("/tmp"))
-        {
+        if host.starts_with(&self.workspace) || (host.starts_with("/tmp") && host != Path::new("/tmp")) {
             Ok(host)
         } else {
             Err("path must be under /tmp/ or the sandbox workspace")
@@ -343,11 +298,7 @@ impl Sandbox {
         match cwd {
             None | Some("") => Ok(self.workspace.clone()),
             Some(c) if !c.starts_with('/') => {
-                if c.contains('\0')
-                    || Path::new(c)
-                        .components()
-                        .any(|x| matches!(x, Component::ParentDir))
-                {
+                if c.contains('\0') || Path::new(c).components().any(|x| matches!(x, Component::ParentDir)) {
                     return Err("invalid cwd");
                 }
                 Ok(self.workspace.join(c))
@@ -362,11 +313,7 @@ pub(crate) fn create_sandbox(inner: &Arc<Inner>, shape: Value) -> std::io::Resul
     let dir = inner.root.join(&id);
     let workspace = dir.join("workspace");
     std::fs::create_dir_all(&workspace)?;
-    let shape = if shape.is_null() {
-        Value::String("default".into())
-    } else {
-        shape
-    };
+    let shape = if shape.is_null() { Value::String("default".into()) } else { shape };
     let sb = Arc::new(Sandbox {
         id: id.clone(),
         dir,
@@ -460,19 +407,9 @@ pub(crate) fn start_process(
 ) -> Result<Arc<Proc>, String> {
     let cwd = sb.cwd_path(cwd_req).map_err(|e| e.to_string())?;
     let id = new_hex_id("proc_");
-    let (mut child, marker) = spawn_marked(
-        inner,
-        sb,
-        &id,
-        SpawnSpec {
-            cmd,
-            args: &args,
-            cwd: cwd.clone(),
-            env,
-            stdin: Stdio::piped(),
-        },
-    )
-    .map_err(|e| format!("cannot start {cmd}: {e}"))?;
+    let (mut child, marker) =
+        spawn_marked(inner, sb, &id, SpawnSpec { cmd, args: &args, cwd: cwd.clone(), env, stdin: Stdio::piped() })
+            .map_err(|e| format!("cannot start {cmd}: {e}"))?;
     let pid = child.id().map(|p| p as i32).unwrap_or(-1);
     let (tx, _rx) = watch::channel(0u64);
     let proc = Arc::new(Proc {
@@ -481,9 +418,7 @@ pub(crate) fn start_process(
         pid,
         cmd: cmd.to_string(),
         args,
-        cwd: cwd_req
-            .map(str::to_string)
-            .unwrap_or_else(|| cwd.to_string_lossy().into_owned()),
+        cwd: cwd_req.map(str::to_string).unwrap_or_else(|| cwd.to_string_lossy().into_owned()),
         created_at: rfc3339_now(),
         st: Mutex::new(ProcState::default()),
         journal: Mutex::new(Journal::new(inner.journal_bytes)),
@@ -551,10 +486,7 @@ async fn wait_leader(inner: Arc<Inner>, proc: Arc<Proc>, mut child: Child) {
         if proc.st.lock().unwrap().eof == [true, true] {
             break;
         }
-        if tokio::time::timeout_at(deadline, rx.changed())
-            .await
-            .is_err()
-        {
+        if tokio::time::timeout_at(deadline, rx.changed()).await.is_err() {
             break;
         }
     }
@@ -617,8 +549,7 @@ pub(crate) async fn reaper(inner: Arc<Inner>) {
         }
         for p in &pending {
             let alive = found.iter().any(|e| {
-                e.mark.as_deref() == Some(p.marker.as_str())
-                    || (groups.contains_key(&p.pid) && e.pgid == p.pid)
+                e.mark.as_deref() == Some(p.marker.as_str()) || (groups.contains_key(&p.pid) && e.pgid == p.pid)
             });
             let mut st = p.st.lock().unwrap();
             if st.leader_exited && !alive {

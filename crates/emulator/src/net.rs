@@ -43,11 +43,8 @@ impl Listener for EmuListener {
                 Ok((stream, peer)) => {
                     let _ = stream.set_nodelay(true);
                     let token = self.root.child_token();
-                    let io = KillableIo {
-                        inner: stream,
-                        killed: Box::pin(token.clone().cancelled_owned()),
-                        dead: false,
-                    };
+                    let io =
+                        KillableIo { inner: stream, killed: Box::pin(token.clone().cancelled_owned()), dead: false };
                     return (io, ConnHandle { peer, token });
                 }
                 Err(_) => tokio::time::sleep(Duration::from_millis(5)).await,
@@ -56,10 +53,7 @@ impl Listener for EmuListener {
     }
 
     fn local_addr(&self) -> io::Result<Self::Addr> {
-        Ok(ConnHandle {
-            peer: self.inner.local_addr()?,
-            token: CancellationToken::new(),
-        })
+        Ok(ConnHandle { peer: self.inner.local_addr()?, token: CancellationToken::new() })
     }
 }
 
@@ -79,18 +73,11 @@ impl KillableIo {
 }
 
 fn aborted() -> io::Error {
-    io::Error::new(
-        io::ErrorKind::ConnectionAborted,
-        "connection dropped by emulator",
-    )
+    io::Error::new(io::ErrorKind::ConnectionAborted, "connection dropped by emulator")
 }
 
 impl AsyncRead for KillableIo {
-    fn poll_read(
-        mut self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-        buf: &mut ReadBuf<'_>,
-    ) -> Poll<io::Result<()>> {
+    fn poll_read(mut self: Pin<&mut Self>, cx: &mut Context<'_>, buf: &mut ReadBuf<'_>) -> Poll<io::Result<()>> {
         if self.is_dead(cx) {
             return Poll::Ready(Err(aborted()));
         }
@@ -99,11 +86,7 @@ impl AsyncRead for KillableIo {
 }
 
 impl AsyncWrite for KillableIo {
-    fn poll_write(
-        mut self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-        buf: &[u8],
-    ) -> Poll<io::Result<usize>> {
+    fn poll_write(mut self: Pin<&mut Self>, cx: &mut Context<'_>, buf: &[u8]) -> Poll<io::Result<usize>> {
         if self.is_dead(cx) {
             return Poll::Ready(Err(aborted()));
         }

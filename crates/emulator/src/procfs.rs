@@ -65,11 +65,7 @@ pub(crate) fn scan(filter: &dyn Fn(&Entry) -> bool) -> Vec<Entry> {
         let Ok(pid) = name.parse::<i32>() else {
             continue;
         };
-        let e = Entry {
-            pid,
-            pgid,
-            mark: read_mark(name),
-        };
+        let e = Entry { pid, pgid, mark: read_mark(name) };
         if filter(&e) {
             out.push(e);
         }
@@ -78,9 +74,7 @@ pub(crate) fn scan(filter: &dyn Fn(&Entry) -> bool) -> Vec<Entry> {
 }
 
 pub(crate) async fn scan_async(filter: Filter) -> Vec<Entry> {
-    tokio::task::spawn_blocking(move || scan(&*filter))
-        .await
-        .unwrap_or_default()
+    tokio::task::spawn_blocking(move || scan(&*filter)).await.unwrap_or_default()
 }
 
 /// Send `sig` to every entry, and to every process group (pgid) found among them whose id is
@@ -109,10 +103,7 @@ pub(crate) async fn kill_until_gone(filter: Filter, deadline: Instant) -> bool {
         groups.dedup();
         // Only kill groups whose leader is a selected process or whose members all are selected
         // (pgid of a selected process is one of our groups, or the process's own group).
-        let groups: Vec<i32> = groups
-            .into_iter()
-            .filter(|g| found.iter().any(|e| e.pid == *g))
-            .collect();
+        let groups: Vec<i32> = groups.into_iter().filter(|g| found.iter().any(|e| e.pid == *g)).collect();
         signal_entries(&found, Signal::SIGKILL, &groups);
         if Instant::now() >= deadline {
             return false;
@@ -133,10 +124,6 @@ pub(crate) fn parse_signal(name: &str) -> Option<Signal> {
     if let Ok(n) = upper.parse::<i32>() {
         return Signal::try_from(n).ok();
     }
-    let full = if upper.starts_with("SIG") {
-        upper
-    } else {
-        format!("SIG{upper}")
-    };
+    let full = if upper.starts_with("SIG") { upper } else { format!("SIG{upper}") };
     full.parse::<Signal>().ok()
 }

@@ -38,18 +38,12 @@ pub(crate) const FAULT_SECRET: &str = "secret-body-token";
 
 pub(crate) fn spawn_server(inner: Arc<Inner>, listener: TcpListener) -> JoinHandle<()> {
     let app = Router::new().fallback(dispatch).with_state(inner.clone());
-    let listener = EmuListener {
-        inner: listener,
-        root: inner.shutdown.clone(),
-    };
+    let listener = EmuListener { inner: listener, root: inner.shutdown.clone() };
     let token = inner.shutdown.clone();
     tokio::spawn(async move {
-        let _ = axum::serve(
-            listener,
-            app.into_make_service_with_connect_info::<ConnHandle>(),
-        )
-        .with_graceful_shutdown(async move { token.cancelled().await })
-        .await;
+        let _ = axum::serve(listener, app.into_make_service_with_connect_info::<ConnHandle>())
+            .with_graceful_shutdown(async move { token.cancelled().await })
+            .await;
     })
 }
 
@@ -64,11 +58,7 @@ pub(crate) fn fail(status: StatusCode, data: Value) -> Response {
 }
 
 pub(crate) fn error(status: StatusCode, message: &str) -> Response {
-    (
-        status,
-        axum::Json(json!({"status":"error","message":message,"code":status.as_u16()})),
-    )
-        .into_response()
+    (status, axum::Json(json!({"status":"error","message":message,"code":status.as_u16()}))).into_response()
 }
 
 fn fault_response(status: u16) -> Response {
@@ -76,19 +66,16 @@ fn fault_response(status: u16) -> Response {
     let mut resp = if code.as_u16() >= 500 {
         (
             code,
-            axum::Json(json!({"status":"error","message":format!("injected fault ({FAULT_SECRET})"),"code":code.as_u16()})),
+            axum::Json(
+                json!({"status":"error","message":format!("injected fault ({FAULT_SECRET})"),"code":code.as_u16()}),
+            ),
         )
             .into_response()
     } else {
-        (
-            code,
-            axum::Json(json!({"status":"fail","data":{"fault":"injected","token":FAULT_SECRET}})),
-        )
-            .into_response()
+        (code, axum::Json(json!({"status":"fail","data":{"fault":"injected","token":FAULT_SECRET}}))).into_response()
     };
     if code == StatusCode::TOO_MANY_REQUESTS || code == StatusCode::SERVICE_UNAVAILABLE {
-        resp.headers_mut()
-            .insert(header::RETRY_AFTER, HeaderValue::from_static("1"));
+        resp.headers_mut().insert(header::RETRY_AFTER, HeaderValue::from_static("1"));
     }
     resp
 }
@@ -104,11 +91,7 @@ struct RouteMatch {
 fn classify(method: &Method, path: &str) -> RouteMatch {
     let segs: Vec<&str> = path.split('/').filter(|s| !s.is_empty()).collect();
     let m = method.as_str();
-    let mut r = RouteMatch {
-        name: "unknown",
-        sandbox: None,
-        process: None,
-    };
+    let mut r = RouteMatch { name: "unknown", sandbox: None, process: None };
     if segs.first() != Some(&"v1") {
         return r;
     }
@@ -155,16 +138,11 @@ fn classify(method: &Method, path: &str) -> RouteMatch {
 }
 
 fn query_map(uri: &Uri) -> HashMap<String, String> {
-    Query::<HashMap<String, String>>::try_from_uri(uri)
-        .map(|q| q.0)
-        .unwrap_or_default()
+    Query::<HashMap<String, String>>::try_from_uri(uri).map(|q| q.0).unwrap_or_default()
 }
 
 fn truthy(v: Option<&String>) -> bool {
-    matches!(
-        v.map(|s| s.as_str()),
-        Some("true") | Some("1") | Some("yes")
-    )
+    matches!(v.map(|s| s.as_str()), Some("true") | Some("1") | Some("yes"))
 }
 
 // ---------------------------------------------------------------- front layer
@@ -175,13 +153,7 @@ fn push_record(inner: &Inner, rec: RequestRecord) -> (u64, usize) {
     (g.0, g.1.len() - 1)
 }
 
-fn finish_record(
-    inner: &Inner,
-    slot: (u64, usize),
-    route: &'static str,
-    status: u16,
-    duration_ms: f64,
-) {
+fn finish_record(inner: &Inner, slot: (u64, usize), route: &'static str, status: u16, duration_ms: f64) {
     let mut g = inner.requests.lock().unwrap();
     if g.0 == slot.0 {
         if let Some(r) = g.1.get_mut(slot.1) {
@@ -198,10 +170,7 @@ fn rate_check(inner: &Inner, key: &str) -> Option<u64> {
     let now = Instant::now();
     let mut g = inner.rate.lock().unwrap();
     let q = g.entry(key.to_string()).or_default();
-    while q
-        .front()
-        .is_some_and(|t| now.duration_since(*t) >= RATE_WINDOW)
-    {
+    while q.front().is_some_and(|t| now.duration_since(*t) >= RATE_WINDOW) {
         q.pop_front();
     }
     if q.len() >= limit {
@@ -259,31 +228,18 @@ async fn front(
     body: Body,
     rm: &mut RouteMatch,
 ) -> Option<Response> {
-    let key = parts
-        .headers
-        .get("x-api-key")
-        .and_then(|v| v.to_str().ok())
-        .unwrap_or("");
+    let key = parts.headers.get("x-api-key").and_then(|v| v.to_str().ok()).unwrap_or("");
     if key.is_empty() || key != inner.api_key {
-        return Some(fail(
-            StatusCode::UNAUTHORIZED,
-            json!({"auth":"invalid api key"}),
-        ));
+        return Some(fail(StatusCode::UNAUTHORIZED, json!({"auth":"invalid api key"})));
     }
     if let Some(secs) = rate_check(inner, key) {
         let mut r = fail(StatusCode::TOO_MANY_REQUESTS, json!({"rate":"limited"}));
-        r.headers_mut()
-            .insert(header::RETRY_AFTER, HeaderValue::from(secs));
+        r.headers_mut().insert(header::RETRY_AFTER, HeaderValue::from(secs));
         return Some(r);
     }
     let body = match axum::body::to_bytes(body, MAX_BODY).await {
         Ok(b) => b,
-        Err(_) => {
-            return Some(fail(
-                StatusCode::PAYLOAD_TOO_LARGE,
-                json!({"body":"unreadable or too large"}),
-            ))
-        }
+        Err(_) => return Some(fail(StatusCode::PAYLOAD_TOO_LARGE, json!({"body":"unreadable or too large"}))),
     };
     let query = query_map(&parts.uri);
     if rm.name == "exec" {
@@ -303,13 +259,8 @@ async fn front(
         tokio::time::sleep(Duration::from_millis(fired.delay_ms)).await;
     }
     match &fired.response {
-        Some(FaultAction::Status {
-            status,
-            after_handler: false,
-        }) => return Some(fault_response(*status)),
-        Some(FaultAction::DropConnection {
-            after_handler: false,
-        }) => return None,
+        Some(FaultAction::Status { status, after_handler: false }) => return Some(fault_response(*status)),
+        Some(FaultAction::DropConnection { after_handler: false }) => return None,
         Some(FaultAction::Redirect { location }) => {
             let mut r = StatusCode::TEMPORARY_REDIRECT.into_response();
             if let Ok(v) = HeaderValue::from_str(location) {
@@ -321,16 +272,11 @@ async fn front(
     }
     let resp = handle(inner, rm, &query, body, &fired).await;
     match &fired.response {
-        Some(FaultAction::Status {
-            status,
-            after_handler: true,
-        }) => {
+        Some(FaultAction::Status { status, after_handler: true }) => {
             drop(resp);
             Some(fault_response(*status))
         }
-        Some(FaultAction::DropConnection {
-            after_handler: true,
-        }) => {
+        Some(FaultAction::DropConnection { after_handler: true }) => {
             drop(resp);
             None
         }
@@ -354,10 +300,7 @@ fn parse_json(body: &Bytes) -> Result<Value, Response> {
     }
     match serde_json::from_slice::<Value>(body) {
         Ok(v @ Value::Object(_)) => Ok(v),
-        _ => Err(fail(
-            StatusCode::BAD_REQUEST,
-            json!({"body":"expected a JSON object"}),
-        )),
+        _ => Err(fail(StatusCode::BAD_REQUEST, json!({"body":"expected a JSON object"}))),
     }
 }
 
@@ -368,16 +311,8 @@ fn str_list(v: Option<&Value>, field: &str) -> Result<Vec<String>, Response> {
             .iter()
             .map(|x| x.as_str().map(str::to_string))
             .collect::<Option<Vec<_>>>()
-            .ok_or_else(|| {
-                fail(
-                    StatusCode::BAD_REQUEST,
-                    json!({field: "must be an array of strings"}),
-                )
-            }),
-        _ => Err(fail(
-            StatusCode::BAD_REQUEST,
-            json!({field: "must be an array of strings"}),
-        )),
+            .ok_or_else(|| fail(StatusCode::BAD_REQUEST, json!({field: "must be an array of strings"}))),
+        _ => Err(fail(StatusCode::BAD_REQUEST, json!({field: "must be an array of strings"}))),
     }
 }
 
@@ -388,16 +323,8 @@ fn str_map(v: Option<&Value>, field: &str) -> Result<HashMap<String, String>, Re
             .iter()
             .map(|(k, v)| v.as_str().map(|s| (k.clone(), s.to_string())))
             .collect::<Option<HashMap<_, _>>>()
-            .ok_or_else(|| {
-                fail(
-                    StatusCode::BAD_REQUEST,
-                    json!({field: "must map strings to strings"}),
-                )
-            }),
-        _ => Err(fail(
-            StatusCode::BAD_REQUEST,
-            json!({field: "must map strings to strings"}),
-        )),
+            .ok_or_else(|| fail(StatusCode::BAD_REQUEST, json!({field: "must map strings to strings"}))),
+        _ => Err(fail(StatusCode::BAD_REQUEST, json!({field: "must map strings to strings"}))),
     }
 }
 
@@ -405,20 +332,14 @@ fn opt_str(v: Option<&Value>, field: &str) -> Result<Option<String>, Response> {
     match v {
         None | Some(Value::Null) => Ok(None),
         Some(Value::String(s)) => Ok(Some(s.clone())),
-        _ => Err(fail(
-            StatusCode::BAD_REQUEST,
-            json!({field: "must be a string"}),
-        )),
+        _ => Err(fail(StatusCode::BAD_REQUEST, json!({field: "must be a string"}))),
     }
 }
 
 fn req_cmd(v: &Value) -> Result<String, Response> {
     match v.get("cmd") {
         Some(Value::String(s)) if !s.is_empty() && !s.contains('\0') => Ok(s.clone()),
-        _ => Err(fail(
-            StatusCode::BAD_REQUEST,
-            json!({"cmd":"required (non-empty string)"}),
-        )),
+        _ => Err(fail(StatusCode::BAD_REQUEST, json!({"cmd":"required (non-empty string)"}))),
     }
 }
 
@@ -445,14 +366,8 @@ async fn handle(
         let v = tri!(parse_json(&body));
         let shape = v.get("shape").cloned().unwrap_or(Value::Null);
         return match model::create_sandbox(inner, shape) {
-            Ok(sb) => ok(
-                StatusCode::CREATED,
-                json!({"id":sb.id,"status":"running","shape":sb.shape}),
-            ),
-            Err(e) => error(
-                StatusCode::INTERNAL_SERVER_ERROR,
-                &format!("cannot create sandbox dir: {e}"),
-            ),
+            Ok(sb) => ok(StatusCode::CREATED, json!({"id":sb.id,"status":"running","shape":sb.shape})),
+            Err(e) => error(StatusCode::INTERNAL_SERVER_ERROR, &format!("cannot create sandbox dir: {e}")),
         };
     }
     if rm.name == "unknown" {
@@ -462,25 +377,14 @@ async fn handle(
         return not_found_sandbox();
     };
     match rm.name {
-        "getSandbox" => ok(
-            StatusCode::OK,
-            json!({"id":sb.id,"status":"running","shape":sb.shape}),
-        ),
+        "getSandbox" => ok(StatusCode::OK, json!({"id":sb.id,"status":"running","shape":sb.shape})),
         "deleteSandbox" => delete_sandbox(inner, sb).await,
         "putFile" => put_file(&sb, query, body).await,
         "getFile" => get_file(&sb, query).await,
-        "exec" | "execStream" => {
-            exec(inner, &sb, query, body, rm.name == "execStream", fired).await
-        }
+        "exec" | "execStream" => exec(inner, &sb, query, body, rm.name == "execStream", fired).await,
         "createProcess" => create_process(inner, &sb, body),
         "listProcesses" => {
-            let list: Vec<Value> = sb
-                .procs
-                .lock()
-                .unwrap()
-                .iter()
-                .map(|p| p.to_json())
-                .collect();
+            let list: Vec<Value> = sb.procs.lock().unwrap().iter().map(|p| p.to_json()).collect();
             ok(StatusCode::OK, json!({"processes": list}))
         }
         _ => {
@@ -541,12 +445,7 @@ async fn put_file(sb: &Sandbox, query: &HashMap<String, String>, body: Bytes) ->
     };
     match host.parent() {
         Some(parent) if parent.is_dir() => {}
-        _ => {
-            return fail(
-                StatusCode::NOT_FOUND,
-                json!({"path":"parent directory does not exist"}),
-            )
-        }
+        _ => return fail(StatusCode::NOT_FOUND, json!({"path":"parent directory does not exist"})),
     }
     if host.is_dir() {
         return fail(StatusCode::BAD_REQUEST, json!({"path":"is a directory"}));
@@ -554,10 +453,7 @@ async fn put_file(sb: &Sandbox, query: &HashMap<String, String>, body: Bytes) ->
     let n = body.len();
     match tokio::fs::write(&host, &body).await {
         Ok(()) => ok(StatusCode::OK, json!({"path": p, "bytes": n})),
-        Err(e) => fail(
-            StatusCode::BAD_REQUEST,
-            json!({"path": format!("cannot write: {e}")}),
-        ),
+        Err(e) => fail(StatusCode::BAD_REQUEST, json!({"path": format!("cannot write: {e}")})),
     }
 }
 
@@ -611,20 +507,12 @@ async fn exec(
         let out = Out::new(tx, fired.stream.sse_noise);
         match run {
             Ok(run) => {
-                tokio::spawn(streams::exec_stream_task(
-                    inner.clone(),
-                    run,
-                    req.timeout,
-                    out,
-                ));
+                tokio::spawn(streams::exec_stream_task(inner.clone(), run, req.timeout, out));
             }
             Err(msg) => {
                 tokio::spawn(async move {
                     let line = json!({"error": msg}).to_string();
-                    let _ = out
-                        .tx
-                        .send(Ok(Bytes::from(format!("{line}\n{{\"exit_code\":127}}\n"))))
-                        .await;
+                    let _ = out.tx.send(Ok(Bytes::from(format!("{line}\n{{\"exit_code\":127}}\n")))).await;
                 });
             }
         }
@@ -634,16 +522,9 @@ async fn exec(
         Ok(run) => {
             let h = tokio::spawn(streams::exec_buffered(inner.clone(), run, req.timeout));
             match h.await {
-                Ok((code, o, e, timed_out)) => (
-                    code,
-                    o,
-                    e,
-                    if timed_out {
-                        Some("exec timed out; killed".to_string())
-                    } else {
-                        None
-                    },
-                ),
+                Ok((code, o, e, timed_out)) => {
+                    (code, o, e, if timed_out { Some("exec timed out; killed".to_string()) } else { None })
+                }
                 Err(_) => return error(StatusCode::INTERNAL_SERVER_ERROR, "exec task failed"),
             }
         }
@@ -680,22 +561,12 @@ fn create_process(inner: &Arc<Inner>, sb: &Arc<Sandbox>, body: Bytes) -> Respons
     }
 }
 
-async fn delete_process(
-    inner: &Arc<Inner>,
-    p: Arc<Proc>,
-    query: &HashMap<String, String>,
-    fired: &Fired,
-) -> Response {
+async fn delete_process(inner: &Arc<Inner>, p: Arc<Proc>, query: &HashMap<String, String>, fired: &Fired) -> Response {
     let grace = match query.get("grace_ms") {
         None => DELETE_GRACE_DEFAULT_MS,
         Some(s) => match s.parse::<u64>() {
             Ok(ms) => ms.min(DELETE_GRACE_MAX_MS),
-            Err(_) => {
-                return fail(
-                    StatusCode::BAD_REQUEST,
-                    json!({"grace_ms":"must be a non-negative integer"}),
-                )
-            }
+            Err(_) => return fail(StatusCode::BAD_REQUEST, json!({"grace_ms":"must be a non-negative integer"})),
         },
     };
     if fired.delete.tree_exited_false {
@@ -727,41 +598,22 @@ async fn delete_process(
     ok(StatusCode::OK, p.to_json())
 }
 
-fn connect(
-    inner: &Arc<Inner>,
-    p: Arc<Proc>,
-    query: &HashMap<String, String>,
-    fired: &Fired,
-) -> Response {
+fn connect(inner: &Arc<Inner>, p: Arc<Proc>, query: &HashMap<String, String>, fired: &Fired) -> Response {
     let after = match query.get("after") {
         None => 0,
         Some(s) => match s.parse::<u64>() {
             Ok(n) => n,
-            Err(_) => {
-                return fail(
-                    StatusCode::BAD_REQUEST,
-                    json!({"after":"must be a non-negative integer"}),
-                )
-            }
+            Err(_) => return fail(StatusCode::BAD_REQUEST, json!({"after":"must be a non-negative integer"})),
         },
     };
     if fired.stream.fast.is_none() {
         if let model::Read::Expired { oldest } = p.journal.lock().unwrap().read_after(after, 0) {
-            return fail(
-                StatusCode::GONE,
-                json!({"error":"output_offset_expired","oldest_available_seq":oldest}),
-            );
+            return fail(StatusCode::GONE, json!({"error":"output_offset_expired","oldest_available_seq":oldest}));
         }
     }
     let (tx, rx) = mpsc::channel(STREAM_CHANNEL);
     let out = Out::new(tx, fired.stream.sse_noise);
-    tokio::spawn(streams::connect_task(
-        inner.clone(),
-        p,
-        after,
-        fired.stream.clone(),
-        out,
-    ));
+    tokio::spawn(streams::connect_task(inner.clone(), p, after, fired.stream.clone(), out));
     streams::ndjson_response(rx)
 }
 
@@ -771,10 +623,7 @@ async fn input(p: Arc<Proc>, body: Bytes) -> Response {
         return fail(StatusCode::BAD_REQUEST, json!({"data_base64":"required"}));
     };
     let Ok(data) = base64::engine::general_purpose::STANDARD.decode(b64) else {
-        return fail(
-            StatusCode::BAD_REQUEST,
-            json!({"data_base64":"invalid base64"}),
-        );
+        return fail(StatusCode::BAD_REQUEST, json!({"data_base64":"invalid base64"}));
     };
     if p.stdin_closed.load(Ordering::SeqCst) {
         return fail(StatusCode::CONFLICT, json!({"stdin":"closed"}));
@@ -794,10 +643,7 @@ async fn input(p: Arc<Proc>, body: Bytes) -> Response {
             ok(StatusCode::OK, json!({"input_seq": seq}))
         }
         Ok(Err(_)) => fail(StatusCode::CONFLICT, json!({"stdin":"closed"})),
-        Err(_) => error(
-            StatusCode::SERVICE_UNAVAILABLE,
-            "stdin write timed out (process is not reading)",
-        ),
+        Err(_) => error(StatusCode::SERVICE_UNAVAILABLE, "stdin write timed out (process is not reading)"),
     }
 }
 
@@ -811,15 +657,8 @@ async fn stdin_close(p: Arc<Proc>) -> Response {
 
 fn signal(inner: &Inner, p: Arc<Proc>, body: Bytes) -> Response {
     let v = tri!(parse_json(&body));
-    let Some(sig) = v
-        .get("signal")
-        .and_then(Value::as_str)
-        .and_then(procfs::parse_signal)
-    else {
-        return fail(
-            StatusCode::BAD_REQUEST,
-            json!({"signal":"unknown or missing signal name"}),
-        );
+    let Some(sig) = v.get("signal").and_then(Value::as_str).and_then(procfs::parse_signal) else {
+        return fail(StatusCode::BAD_REQUEST, json!({"signal":"unknown or missing signal name"}));
     };
     let leader_exited = p.st.lock().unwrap().leader_exited;
     let group_live = inner.groups.lock().unwrap().contains_key(&p.pid);
@@ -834,23 +673,13 @@ async fn wait(inner: &Arc<Inner>, p: Arc<Proc>, query: &HashMap<String, String>)
     let tree = match query.get("scope").map(String::as_str) {
         None | Some("leader") => false,
         Some("tree") => true,
-        Some(_) => {
-            return fail(
-                StatusCode::BAD_REQUEST,
-                json!({"scope":"must be leader or tree"}),
-            )
-        }
+        Some(_) => return fail(StatusCode::BAD_REQUEST, json!({"scope":"must be leader or tree"})),
     };
     let ms = match query.get("timeout_ms") {
         None => WAIT_DEFAULT_MS,
         Some(s) => match s.parse::<u64>() {
             Ok(ms) => ms.min(WAIT_MAX_MS),
-            Err(_) => {
-                return fail(
-                    StatusCode::BAD_REQUEST,
-                    json!({"timeout_ms":"must be a non-negative integer"}),
-                )
-            }
+            Err(_) => return fail(StatusCode::BAD_REQUEST, json!({"timeout_ms":"must be a non-negative integer"})),
         },
     };
     let deadline = tokio::time::Instant::now() + Duration::from_millis(ms);

@@ -33,9 +33,7 @@ const FAULT_HEARTBEAT: Duration = Duration::from_millis(100);
 type Item = Result<Bytes, io::Error>;
 
 pub(crate) fn ndjson_response(rx: mpsc::Receiver<Item>) -> Response {
-    let stream = futures_util::stream::unfold(rx, |mut rx| async move {
-        rx.recv().await.map(|item| (item, rx))
-    });
+    let stream = futures_util::stream::unfold(rx, |mut rx| async move { rx.recv().await.map(|item| (item, rx)) });
     Response::builder()
         .status(StatusCode::OK)
         .header(header::CONTENT_TYPE, "application/x-ndjson")
@@ -44,13 +42,7 @@ pub(crate) fn ndjson_response(rx: mpsc::Receiver<Item>) -> Response {
         .unwrap()
 }
 
-const NOISE: [&str; 5] = [
-    ": keep-alive\n",
-    "event: x\n",
-    "id: 1\n",
-    "retry: 5\n",
-    "\n",
-];
+const NOISE: [&str; 5] = [": keep-alive\n", "event: x\n", "id: 1\n", "retry: 5\n", "\n"];
 
 pub(crate) struct Out {
     pub tx: mpsc::Sender<Item>,
@@ -62,20 +54,13 @@ pub(crate) struct Out {
 
 impl Out {
     pub fn new(tx: mpsc::Sender<Item>, sse: bool) -> Out {
-        Out {
-            tx,
-            sse,
-            noise: 0,
-            buf: Vec::new(),
-            last_write: Instant::now(),
-        }
+        Out { tx, sse, noise: 0, buf: Vec::new(), last_write: Instant::now() }
     }
 
     /// Queue one frame line (SSE decoration applied).
     fn push_line(&mut self, line: &[u8]) {
         if self.sse {
-            self.buf
-                .extend_from_slice(NOISE[self.noise % NOISE.len()].as_bytes());
+            self.buf.extend_from_slice(NOISE[self.noise % NOISE.len()].as_bytes());
             self.noise += 1;
             self.buf.extend_from_slice(b"data: ");
         }
@@ -121,13 +106,7 @@ impl Out {
             tokio::time::sleep(Duration::from_millis(2)).await;
         }
         tokio::time::sleep(Duration::from_millis(20)).await;
-        let _ = self
-            .tx
-            .send(Err(io::Error::new(
-                io::ErrorKind::ConnectionAborted,
-                "fault: stream dropped",
-            )))
-            .await;
+        let _ = self.tx.send(Err(io::Error::new(io::ErrorKind::ConnectionAborted, "fault: stream dropped"))).await;
     }
 }
 
@@ -151,20 +130,12 @@ fn exit_json(code: Option<i32>, signal: Option<&str>, tree_exited: bool, newest_
     format!(
         r#"{{"type":"exit","exit_code":{},"signal":{},"tree_exited":{tree_exited},"newest_seq":{newest_seq}}}"#,
         code.map(|c| c.to_string()).unwrap_or_else(|| "null".into()),
-        signal
-            .map(|s| json!(s).to_string())
-            .unwrap_or_else(|| "null".into()),
+        signal.map(|s| json!(s).to_string()).unwrap_or_else(|| "null".into()),
     )
 }
 
 /// The connect stream of a managed process.
-pub(crate) async fn connect_task(
-    inner: Arc<Inner>,
-    proc: Arc<Proc>,
-    after: u64,
-    f: StreamFaults,
-    mut out: Out,
-) {
+pub(crate) async fn connect_task(inner: Arc<Inner>, proc: Arc<Proc>, after: u64, f: StreamFaults, mut out: Out) {
     let b64 = base64::engine::general_purpose::STANDARD;
     if !out.start_noise().await {
         return;
@@ -174,17 +145,12 @@ pub(crate) async fn connect_task(
         return;
     }
     if let Some(e) = &f.error_frame {
-        let _ = out
-            .line(format!(r#"{{"type":"error","error":{}}}"#, json!(e)).as_bytes())
-            .await;
+        let _ = out.line(format!(r#"{{"type":"error","error":{}}}"#, json!(e)).as_bytes()).await;
         return;
     }
     if f.oversize {
         let pad = "x".repeat(1_100_000);
-        if !out
-            .line(format!(r#"{{"type":"heartbeat","padding":"{pad}"}}"#).as_bytes())
-            .await
-        {
+        if !out.line(format!(r#"{{"type":"heartbeat","padding":"{pad}"}}"#).as_bytes()).await {
             return;
         }
     }
@@ -194,8 +160,7 @@ pub(crate) async fn connect_task(
             if !out.line(HEARTBEAT_LINE).await {
                 return;
             }
-            tokio::time::sleep(FAULT_HEARTBEAT.min(end.saturating_duration_since(Instant::now())))
-                .await;
+            tokio::time::sleep(FAULT_HEARTBEAT.min(end.saturating_duration_since(Instant::now()))).await;
         }
     }
     if let Some((mib, frame_bytes)) = f.fast {
@@ -217,8 +182,10 @@ pub(crate) async fn connect_task(
             Read::Expired { oldest } => {
                 let _ = out
                     .line(
-                        format!(r#"{{"type":"error","error":"output_offset_expired","oldest_available_seq":{oldest}}}"#)
-                            .as_bytes(),
+                        format!(
+                            r#"{{"type":"error","error":"output_offset_expired","oldest_available_seq":{oldest}}}"#
+                        )
+                        .as_bytes(),
                     )
                     .await;
                 return;
@@ -371,31 +338,13 @@ pub(crate) struct ExecRun {
     pub filter: procfs::Filter,
 }
 
-pub(crate) fn exec_spawn(
-    inner: &Arc<Inner>,
-    sb: &Arc<Sandbox>,
-    req: &ExecReq,
-) -> Result<ExecRun, String> {
+pub(crate) fn exec_spawn(inner: &Arc<Inner>, sb: &Arc<Sandbox>, req: &ExecReq) -> Result<ExecRun, String> {
     let cwd = sb.cwd_path(req.cwd.as_deref()).map_err(|e| e.to_string())?;
     let id = model::new_hex_id("exec_");
-    let stdin = if req.stdin.is_some() {
-        Stdio::piped()
-    } else {
-        Stdio::null()
-    };
-    let (mut child, marker) = model::spawn_marked(
-        inner,
-        sb,
-        &id,
-        SpawnSpec {
-            cmd: &req.cmd,
-            args: &req.args,
-            cwd,
-            env: &req.env,
-            stdin,
-        },
-    )
-    .map_err(|e| format!("cannot start {}: {e}", req.cmd))?;
+    let stdin = if req.stdin.is_some() { Stdio::piped() } else { Stdio::null() };
+    let (mut child, marker) =
+        model::spawn_marked(inner, sb, &id, SpawnSpec { cmd: &req.cmd, args: &req.args, cwd, env: &req.env, stdin })
+            .map_err(|e| format!("cannot start {}: {e}", req.cmd))?;
     if let (Some(data), Some(mut w)) = (req.stdin.clone(), child.stdin.take()) {
         tokio::spawn(async move {
             let _ = w.write_all(data.as_bytes()).await;
@@ -403,9 +352,8 @@ pub(crate) fn exec_spawn(
         });
     }
     let pid = child.id().map(|p| p as i32).unwrap_or(-1);
-    let filter: procfs::Filter = Arc::new(move |e: &procfs::Entry| {
-        e.mark.as_deref() == Some(marker.as_str()) || e.pgid == pid
-    });
+    let filter: procfs::Filter =
+        Arc::new(move |e: &procfs::Entry| e.mark.as_deref() == Some(marker.as_str()) || e.pgid == pid);
     Ok(ExecRun { child, pid, filter })
 }
 
@@ -465,10 +413,7 @@ pub(crate) async fn exec_buffered(
     (shell_code(status), o, e, timed_out)
 }
 
-async fn read_capped<R: tokio::io::AsyncRead + Unpin>(
-    r: &mut R,
-    into: &mut Vec<u8>,
-) -> io::Result<()> {
+async fn read_capped<R: tokio::io::AsyncRead + Unpin>(r: &mut R, into: &mut Vec<u8>) -> io::Result<()> {
     let mut buf = vec![0u8; 64 * 1024];
     loop {
         let n = r.read(&mut buf).await?;
@@ -482,12 +427,7 @@ async fn read_capped<R: tokio::io::AsyncRead + Unpin>(
 
 /// Streaming exec: stdout/stderr text frames, `{"hb":true}` every 5 s, final `{"exit_code":N}`.
 /// The client going away kills the exec'd tree.
-pub(crate) async fn exec_stream_task(
-    inner: Arc<Inner>,
-    mut run: ExecRun,
-    timeout: Duration,
-    mut out: Out,
-) {
+pub(crate) async fn exec_stream_task(inner: Arc<Inner>, mut run: ExecRun, timeout: Duration, mut out: Out) {
     let mut out_r = run.child.stdout.take();
     let mut err_r = run.child.stderr.take();
     let mut carry = [Utf8Carry::default(), Utf8Carry::default()];
@@ -543,12 +483,6 @@ pub(crate) async fn exec_stream_task(
     let status = run.child.wait().await;
     model::note_reaped(&inner, run.pid);
     if !client_gone {
-        let _ = out
-            .line(
-                json!({"exit_code": shell_code(status)})
-                    .to_string()
-                    .as_bytes(),
-            )
-            .await;
+        let _ = out.line(json!({"exit_code": shell_code(status)}).to_string().as_bytes()).await;
     }
 }

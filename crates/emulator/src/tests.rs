@@ -9,9 +9,7 @@ fn sandbox_id_shape() {
     let id = new_sandbox_id();
     assert!(id.starts_with("sb-"));
     assert_eq!(id.len(), 29);
-    assert!(id[3..]
-        .chars()
-        .all(|c| "0123456789ABCDEFGHJKMNPQRSTVWXYZ".contains(c)));
+    assert!(id[3..].chars().all(|c| "0123456789ABCDEFGHJKMNPQRSTVWXYZ".contains(c)));
     assert_ne!(id, new_sandbox_id());
 }
 
@@ -62,29 +60,13 @@ fn fault_rules_parse_and_count() {
         r#"{"route":"createProcess","skip":1,"times":1,"action":{"kind":"status","status":500,"afterHandler":true}}"#,
     )
     .unwrap();
-    assert!(matches!(
-        r.action,
-        FaultAction::Status {
-            status: 500,
-            after_handler: true
-        }
-    ));
-    let r2 = FaultRule::from_json(r#"{"action":{"kind":"fastStream","mib":1,"frame_bytes":1000}}"#)
-        .unwrap();
+    assert!(matches!(r.action, FaultAction::Status { status: 500, after_handler: true }));
+    let r2 = FaultRule::from_json(r#"{"action":{"kind":"fastStream","mib":1,"frame_bytes":1000}}"#).unwrap();
     assert_eq!(r2.skip, 0);
     FaultRule::from_json(r#"{"action":{"kind":"treeExitedFalse"}}"#).unwrap();
     FaultRule::from_json(r#"{"action":{"kind":"malformedLine","afterFrames":2}}"#).unwrap();
-    let mut slots = vec![
-        FaultSlot { rule: r, seen: 0 },
-        FaultSlot { rule: r2, seen: 0 },
-    ];
-    let fired: Vec<bool> = (0..3)
-        .map(|_| {
-            evaluate(&mut slots, "createProcess", "POST")
-                .response
-                .is_some()
-        })
-        .collect();
+    let mut slots = vec![FaultSlot { rule: r, seen: 0 }, FaultSlot { rule: r2, seen: 0 }];
+    let fired: Vec<bool> = (0..3).map(|_| evaluate(&mut slots, "createProcess", "POST").response.is_some()).collect();
     assert_eq!(fired, vec![false, true, false]);
     // fastStream only applies to connect.
     assert!(evaluate(&mut slots, "connect", "GET").stream.fast.is_some());
@@ -107,10 +89,7 @@ fn handle_and_futures_are_send() {
     let fut = super::start(EmulatorOptions::default());
     send(&fut);
     drop(fut);
-    let rt = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .unwrap();
+    let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
     rt.block_on(async {
         let emu = super::start(EmulatorOptions::default()).await.unwrap();
         send_sync(&emu);
@@ -127,15 +106,8 @@ async fn process_groups_are_forgotten_once_empty() {
     let sb_id = emu.create_sandbox_now();
     let sb = inner.sandbox(&sb_id).unwrap();
     let env = std::collections::HashMap::new();
-    let p = super::model::start_process(
-        &inner,
-        &sb,
-        "sh",
-        vec!["-c".into(), "sleep 0.2 & exit 0".into()],
-        None,
-        &env,
-    )
-    .unwrap();
+    let p = super::model::start_process(&inner, &sb, "sh", vec!["-c".into(), "sleep 0.2 & exit 0".into()], None, &env)
+        .unwrap();
     assert!(inner.groups.lock().unwrap().contains_key(&p.pid));
     let end = std::time::Instant::now() + std::time::Duration::from_secs(5);
     while inner.groups.lock().unwrap().contains_key(&p.pid) {

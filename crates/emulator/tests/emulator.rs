@@ -31,9 +31,7 @@ impl Ctx {
         format!("{}/v1{}", self.emu.url(), path)
     }
     fn get(&self, path: &str) -> reqwest::RequestBuilder {
-        self.http
-            .get(self.url(path))
-            .header("X-Api-Key", self.emu.api_key())
+        self.http.get(self.url(path)).header("X-Api-Key", self.emu.api_key())
     }
     fn post(&self, path: &str, body: Value) -> reqwest::RequestBuilder {
         self.http
@@ -43,14 +41,10 @@ impl Ctx {
             .body(body.to_string())
     }
     fn put(&self, path: &str) -> reqwest::RequestBuilder {
-        self.http
-            .put(self.url(path))
-            .header("X-Api-Key", self.emu.api_key())
+        self.http.put(self.url(path)).header("X-Api-Key", self.emu.api_key())
     }
     fn delete(&self, path: &str) -> reqwest::RequestBuilder {
-        self.http
-            .delete(self.url(path))
-            .header("X-Api-Key", self.emu.api_key())
+        self.http.delete(self.url(path)).header("X-Api-Key", self.emu.api_key())
     }
     async fn sandbox(&self) -> String {
         let r = self.post("/sandboxes", json!({})).send().await.unwrap();
@@ -59,23 +53,15 @@ impl Ctx {
         v["data"]["id"].as_str().unwrap().to_string()
     }
     async fn spawn(&self, sb: &str, cmd: &str, args: &[&str]) -> Value {
-        let r = self
-            .post(
-                &format!("/sandboxes/{sb}/processes"),
-                json!({"cmd": cmd, "args": args}),
-            )
-            .send()
-            .await
-            .unwrap();
+        let r =
+            self.post(&format!("/sandboxes/{sb}/processes"), json!({"cmd": cmd, "args": args})).send().await.unwrap();
         assert_eq!(r.status(), 201);
         let v: Value = r.j().await.unwrap();
         v["data"].clone()
     }
     async fn wait(&self, sb: &str, pid: &str, scope: &str, ms: u64) -> (u16, Value) {
         let r = self
-            .get(&format!(
-                "/sandboxes/{sb}/processes/{pid}/wait?scope={scope}&timeout_ms={ms}"
-            ))
+            .get(&format!("/sandboxes/{sb}/processes/{pid}/wait?scope={scope}&timeout_ms={ms}"))
             .send()
             .await
             .unwrap();
@@ -100,17 +86,12 @@ fn opts() -> EmulatorOptions {
 fn lines(body: &[u8]) -> Vec<Value> {
     body.split(|b| *b == b'\n')
         .filter(|l| !l.is_empty())
-        .map(|l| {
-            serde_json::from_slice(l)
-                .unwrap_or_else(|_| panic!("bad line {}", String::from_utf8_lossy(l)))
-        })
+        .map(|l| serde_json::from_slice(l).unwrap_or_else(|_| panic!("bad line {}", String::from_utf8_lossy(l))))
         .collect()
 }
 
 fn b64(v: &Value) -> Vec<u8> {
-    base64::engine::general_purpose::STANDARD
-        .decode(v["data_base64"].as_str().unwrap())
-        .unwrap()
+    base64::engine::general_purpose::STANDARD.decode(v["data_base64"].as_str().unwrap()).unwrap()
 }
 
 /// A pid is gone when it does not exist or is a zombie (an orphan re-parented to an init that
@@ -143,40 +124,20 @@ async fn auth_sandboxes_and_request_log() {
         assert_eq!(r.status(), 401);
         assert!(r.headers().get("x-request-id").is_some());
         let v: Value = r.j().await.unwrap();
-        assert_eq!(
-            v,
-            json!({"status":"fail","data":{"auth":"invalid api key"}})
-        );
-        let r = c
-            .http
-            .get(c.url("/whoami"))
-            .header("X-Api-Key", "nope")
-            .send()
-            .await
-            .unwrap();
+        assert_eq!(v, json!({"status":"fail","data":{"auth":"invalid api key"}}));
+        let r = c.http.get(c.url("/whoami")).header("X-Api-Key", "nope").send().await.unwrap();
         assert_eq!(r.status(), 401);
         let v: Value = c.get("/whoami").send().await.unwrap().j().await.unwrap();
         assert_eq!(v, json!({"status":"success","data":{"user":"emulator"}}));
 
-        let r = c
-            .post("/sandboxes", json!({"shape":"s-1"}))
-            .send()
-            .await
-            .unwrap();
+        let r = c.post("/sandboxes", json!({"shape":"s-1"})).send().await.unwrap();
         assert_eq!(r.status(), 201);
         let v: Value = r.j().await.unwrap();
         let id = v["data"]["id"].as_str().unwrap().to_string();
         assert!(id.starts_with("sb-") && id.len() == 29, "{id}");
         assert_eq!(v["data"]["status"], "running");
         assert_eq!(v["data"]["shape"], "s-1");
-        let v: Value = c
-            .get(&format!("/sandboxes/{id}"))
-            .send()
-            .await
-            .unwrap()
-            .j()
-            .await
-            .unwrap();
+        let v: Value = c.get(&format!("/sandboxes/{id}")).send().await.unwrap().j().await.unwrap();
         assert_eq!(v["data"]["id"], id.as_str());
         let p = c.spawn(&id, "sleep", &["30"]).await;
         let pid = p["pid"].as_i64().unwrap() as i32;
@@ -185,14 +146,7 @@ async fn auth_sandboxes_and_request_log() {
         let v: Value = r.j().await.unwrap();
         assert_eq!(v["data"], json!({"id": id, "status": "deleted"}));
         assert!(pid_gone(pid));
-        assert_eq!(
-            c.get(&format!("/sandboxes/{id}"))
-                .send()
-                .await
-                .unwrap()
-                .status(),
-            404
-        );
+        assert_eq!(c.get(&format!("/sandboxes/{id}")).send().await.unwrap().status(), 404);
         assert_eq!(c.get("/nope").send().await.unwrap().status(), 404);
 
         let log = c.emu.requests();
@@ -317,13 +271,7 @@ async fn exec_buffered_and_stream() {
 async fn process_connect_replay_and_stdin() {
     with_emu(opts(), |c| async move {
         let sb = c.sandbox().await;
-        let p = c
-            .spawn(
-                &sb,
-                "sh",
-                &["-c", "printf abc; sleep 0.1; printf def >&2; exit 4"],
-            )
-            .await;
+        let p = c.spawn(&sb, "sh", &["-c", "printf abc; sleep 0.1; printf def >&2; exit 4"]).await;
         let id = p["process_id"].as_str().unwrap().to_string();
         assert!(id.starts_with("proc_"));
         assert_eq!(p["kind"], "process");
@@ -339,14 +287,8 @@ async fn process_connect_replay_and_stdin() {
         let ls = lines(&body);
         let data: Vec<&Value> = ls.iter().filter(|l| l["type"] == "data").collect();
         assert_eq!(data.len(), 2, "{ls:?}");
-        assert_eq!(
-            (data[0]["seq"].as_u64(), data[0]["stream"].as_str()),
-            (Some(1), Some("stdout"))
-        );
-        assert_eq!(
-            (data[1]["seq"].as_u64(), data[1]["stream"].as_str()),
-            (Some(2), Some("stderr"))
-        );
+        assert_eq!((data[0]["seq"].as_u64(), data[0]["stream"].as_str()), (Some(1), Some("stdout")));
+        assert_eq!((data[1]["seq"].as_u64(), data[1]["stream"].as_str()), (Some(2), Some("stderr")));
         assert_eq!(b64(data[0]), b"abc");
         assert_eq!(b64(data[1]), b"def");
         let exit = ls.last().unwrap();
@@ -367,26 +309,16 @@ async fn process_connect_replay_and_stdin() {
         assert_eq!(ls.len(), 2);
         assert_eq!(ls[0]["seq"], 2);
         assert_eq!(ls[1]["type"], "exit");
-        assert_eq!(
-            c.emu.process_output(&sb, &id),
-            Some((b"abc".to_vec(), b"def".to_vec()))
-        );
+        assert_eq!(c.emu.process_output(&sb, &id), Some((b"abc".to_vec(), b"def".to_vec())));
 
         let (s, w) = c.wait(&sb, &id, "tree", 5000).await;
         assert_eq!(s, 200);
         let d = &w["data"];
         assert_eq!(
-            (
-                d["state"].as_str(),
-                d["leader_exited"].as_bool(),
-                d["tree_exited"].as_bool()
-            ),
+            (d["state"].as_str(), d["leader_exited"].as_bool(), d["tree_exited"].as_bool()),
             (Some("exited"), Some(true), Some(true))
         );
-        assert_eq!(
-            d["output"],
-            json!({"oldest_seq":1,"newest_seq":2,"bytes":6})
-        );
+        assert_eq!(d["output"], json!({"oldest_seq":1,"newest_seq":2,"bytes":6}));
 
         // stdin stays open until stdin/close.
         let p = c.spawn(&sb, "cat", &[]).await;
@@ -406,26 +338,11 @@ async fn process_connect_replay_and_stdin() {
         assert_eq!(v["data"]["input_seq"], 1);
         let (s, _) = c.wait(&sb, &id, "leader", 200).await;
         assert_eq!(s, 408, "cat must still be running (stdin open)");
-        let r = c
-            .post(&format!("{base}/stdin/close"), json!({}))
-            .send()
-            .await
-            .unwrap();
+        let r = c.post(&format!("{base}/stdin/close"), json!({})).send().await.unwrap();
         assert_eq!(r.status(), 200);
-        let r = c
-            .post(&format!("{base}/stdin/close"), json!({}))
-            .send()
-            .await
-            .unwrap();
+        let r = c.post(&format!("{base}/stdin/close"), json!({})).send().await.unwrap();
         assert_eq!(r.status(), 409);
-        let body = c
-            .get(&format!("{base}/connect"))
-            .send()
-            .await
-            .unwrap()
-            .bytes()
-            .await
-            .unwrap();
+        let body = c.get(&format!("{base}/connect")).send().await.unwrap().bytes().await.unwrap();
         let ls = lines(&body);
         assert_eq!(b64(&ls[0]), b"hello\n");
         assert_eq!(ls.last().unwrap()["exit_code"], 0);
@@ -434,52 +351,26 @@ async fn process_connect_replay_and_stdin() {
         let p = c.spawn(&sb, "sleep", &["30"]).await;
         let id = p["process_id"].as_str().unwrap().to_string();
         let r = c
-            .post(
-                &format!("/sandboxes/{sb}/processes/{id}/signal"),
-                json!({"signal":"SIGTERM"}),
-            )
+            .post(&format!("/sandboxes/{sb}/processes/{id}/signal"), json!({"signal":"SIGTERM"}))
             .send()
             .await
             .unwrap();
         assert_eq!(r.status(), 200);
-        let body = c
-            .get(&format!("/sandboxes/{sb}/processes/{id}/connect"))
-            .send()
-            .await
-            .unwrap()
-            .bytes()
-            .await
-            .unwrap();
+        let body =
+            c.get(&format!("/sandboxes/{sb}/processes/{id}/connect")).send().await.unwrap().bytes().await.unwrap();
         let ls = lines(&body);
         assert_eq!(ls.last().unwrap()["signal"], "SIGTERM");
         assert_eq!(ls.last().unwrap()["exit_code"], Value::Null);
 
-        let v: Value = c
-            .get(&format!("/sandboxes/{sb}/processes"))
-            .send()
-            .await
-            .unwrap()
-            .j()
-            .await
-            .unwrap();
+        let v: Value = c.get(&format!("/sandboxes/{sb}/processes")).send().await.unwrap().j().await.unwrap();
         assert_eq!(v["data"]["processes"].as_array().unwrap().len(), 3);
         let r = c
-            .post(
-                &format!("/sandboxes/{sb}/processes"),
-                json!({"cmd":"sh","pty":{"rows":24,"cols":80}}),
-            )
+            .post(&format!("/sandboxes/{sb}/processes"), json!({"cmd":"sh","pty":{"rows":24,"cols":80}}))
             .send()
             .await
             .unwrap();
         assert_eq!(r.status(), 400);
-        assert_eq!(
-            c.get(&format!("/sandboxes/{sb}/processes/proc_nope"))
-                .send()
-                .await
-                .unwrap()
-                .status(),
-            404
-        );
+        assert_eq!(c.get(&format!("/sandboxes/{sb}/processes/proc_nope")).send().await.unwrap().status(), 404);
     })
     .await;
 }
@@ -490,40 +381,20 @@ async fn evicted_offset_is_410() {
     o.journal_bytes = 100;
     with_emu(o, |c| async move {
         let sb = c.sandbox().await;
-        let p = c
-            .spawn(
-                &sb,
-                "sh",
-                &[
-                    "-c",
-                    "for i in 1 2 3 4 5; do printf '%0100d' 0; sleep 0.03; done",
-                ],
-            )
-            .await;
+        let p = c.spawn(&sb, "sh", &["-c", "for i in 1 2 3 4 5; do printf '%0100d' 0; sleep 0.03; done"]).await;
         let id = p["process_id"].as_str().unwrap().to_string();
         let (s, w) = c.wait(&sb, &id, "tree", 5000).await;
         assert_eq!(s, 200);
         let newest = w["data"]["output"]["newest_seq"].as_u64().unwrap();
         let oldest = w["data"]["output"]["oldest_seq"].as_u64().unwrap();
         assert!(newest >= 2 && oldest > 1, "{w}");
-        let r = c
-            .get(&format!("/sandboxes/{sb}/processes/{id}/connect?after=0"))
-            .send()
-            .await
-            .unwrap();
+        let r = c.get(&format!("/sandboxes/{sb}/processes/{id}/connect?after=0")).send().await.unwrap();
         assert_eq!(r.status(), 410);
         let v: Value = r.j().await.unwrap();
         assert_eq!(v["status"], "fail");
         assert_eq!(v["data"]["error"], "output_offset_expired");
         assert_eq!(v["data"]["oldest_available_seq"].as_u64(), Some(oldest));
-        let r = c
-            .get(&format!(
-                "/sandboxes/{sb}/processes/{id}/connect?after={}",
-                oldest - 1
-            ))
-            .send()
-            .await
-            .unwrap();
+        let r = c.get(&format!("/sandboxes/{sb}/processes/{id}/connect?after={}", oldest - 1)).send().await.unwrap();
         assert_eq!(r.status(), 200);
         let ls = lines(&r.bytes().await.unwrap());
         assert_eq!(ls[0]["seq"].as_u64(), Some(oldest));
@@ -552,19 +423,13 @@ async fn wait_times_out_then_succeeds() {
 async fn delete_escalates_to_sigkill_and_finds_setsid_children() {
     with_emu(opts(), |c| async move {
         let sb = c.sandbox().await;
-        let p = c
-            .spawn(&sb, "bash", &["-c", "trap '' TERM; sleep 30 & sleep 30"])
-            .await;
+        let p = c.spawn(&sb, "bash", &["-c", "trap '' TERM; sleep 30 & sleep 30"]).await;
         let id = p["process_id"].as_str().unwrap().to_string();
         tokio::time::sleep(Duration::from_millis(300)).await;
         let pids = c.emu.live_pids();
         assert!(pids.len() >= 3, "{pids:?}");
         let t = Instant::now();
-        let r = c
-            .delete(&format!("/sandboxes/{sb}/processes/{id}?grace_ms=200"))
-            .send()
-            .await
-            .unwrap();
+        let r = c.delete(&format!("/sandboxes/{sb}/processes/{id}?grace_ms=200")).send().await.unwrap();
         assert_eq!(r.status(), 200);
         let v: Value = r.j().await.unwrap();
         assert!(t.elapsed() >= Duration::from_millis(200));
@@ -575,19 +440,10 @@ async fn delete_escalates_to_sigkill_and_finds_setsid_children() {
             assert!(pid_gone(*pid), "pid {pid} still alive");
         }
         // The record stays.
-        assert_eq!(
-            c.get(&format!("/sandboxes/{sb}/processes/{id}"))
-                .send()
-                .await
-                .unwrap()
-                .status(),
-            200
-        );
+        assert_eq!(c.get(&format!("/sandboxes/{sb}/processes/{id}")).send().await.unwrap().status(), 200);
 
         // A child that calls setsid leaves the process group but keeps the marker.
-        let p = c
-            .spawn(&sb, "bash", &["-c", "setsid sleep 30 & sleep 0.1; exit 0"])
-            .await;
+        let p = c.spawn(&sb, "bash", &["-c", "setsid sleep 30 & sleep 0.1; exit 0"]).await;
         let id = p["process_id"].as_str().unwrap().to_string();
         let (s, w) = c.wait(&sb, &id, "leader", 5000).await;
         assert_eq!(s, 200);
@@ -598,14 +454,8 @@ async fn delete_escalates_to_sigkill_and_finds_setsid_children() {
         assert_eq!(pids.len(), 1, "{pids:?}");
         let stat = std::fs::read_to_string(format!("/proc/{}/stat", pids[0])).unwrap();
         assert!(stat.contains("(sleep)"));
-        let v: Value = c
-            .delete(&format!("/sandboxes/{sb}/processes/{id}?grace_ms=100"))
-            .send()
-            .await
-            .unwrap()
-            .j()
-            .await
-            .unwrap();
+        let v: Value =
+            c.delete(&format!("/sandboxes/{sb}/processes/{id}?grace_ms=100")).send().await.unwrap().j().await.unwrap();
         assert_eq!(v["data"]["tree_exited"], true);
         assert!(pid_gone(pids[0]));
         assert!(c.emu.live_pids().is_empty());
@@ -621,13 +471,16 @@ async fn delete_faults() {
             FaultRule::from_json(r#"{"route":"deleteProcess","times":1,"action":{"kind":"treeExitedFalse"}}"#).unwrap(),
         );
         c.emu.add_fault(
-            FaultRule::from_json(r#"{"route":"deleteProcess","skip":1,"times":1,"action":{"kind":"treeExitsAfter","ms":300}}"#)
-                .unwrap(),
+            FaultRule::from_json(
+                r#"{"route":"deleteProcess","skip":1,"times":1,"action":{"kind":"treeExitsAfter","ms":300}}"#,
+            )
+            .unwrap(),
         );
         let p = c.spawn(&sb, "sleep", &["30"]).await;
         let id = p["process_id"].as_str().unwrap().to_string();
         let pid = p["pid"].as_i64().unwrap() as i32;
-        let v: Value = c.delete(&format!("/sandboxes/{sb}/processes/{id}?grace_ms=100")).send().await.unwrap().j().await.unwrap();
+        let v: Value =
+            c.delete(&format!("/sandboxes/{sb}/processes/{id}?grace_ms=100")).send().await.unwrap().j().await.unwrap();
         assert_eq!(v["data"]["tree_exited"], false);
         assert!(!pid_gone(pid), "stubborn tree must not be killed");
         let (s, _) = c.wait(&sb, &id, "tree", 200).await;
@@ -654,10 +507,13 @@ async fn status_after_handler_and_drop_connection() {
     with_emu(opts(), |c| async move {
         let sb = c.sandbox().await;
         c.emu.add_fault(
-            FaultRule::from_json(r#"{"route":"createProcess","times":1,"action":{"kind":"status","status":500,"afterHandler":true}}"#)
-                .unwrap(),
+            FaultRule::from_json(
+                r#"{"route":"createProcess","times":1,"action":{"kind":"status","status":500,"afterHandler":true}}"#,
+            )
+            .unwrap(),
         );
-        let r = c.post(&format!("/sandboxes/{sb}/processes"), json!({"cmd":"sleep","args":["30"]})).send().await.unwrap();
+        let r =
+            c.post(&format!("/sandboxes/{sb}/processes"), json!({"cmd":"sleep","args":["30"]})).send().await.unwrap();
         assert_eq!(r.status(), 500);
         let text = r.text().await.unwrap();
         assert!(text.contains("secret-body-token"));
@@ -667,11 +523,18 @@ async fn status_after_handler_and_drop_connection() {
         assert_eq!(v["data"]["processes"].as_array().unwrap().len(), 1, "the process was really created");
         let _ = c.spawn(&sb, "true", &[]).await; // rule used up
 
-        c.emu.add_fault(FaultRule::from_json(r#"{"route":"whoami","times":1,"action":{"kind":"dropConnection"}}"#).unwrap());
+        c.emu.add_fault(
+            FaultRule::from_json(r#"{"route":"whoami","times":1,"action":{"kind":"dropConnection"}}"#).unwrap(),
+        );
         let r = c.get("/whoami").send().await;
         assert!(r.is_err(), "{r:?}");
         assert_eq!(c.get("/whoami").send().await.unwrap().status(), 200);
-        c.emu.add_fault(FaultRule::from_json(r#"{"route":"whoami","action":{"kind":"redirect","location":"http://127.0.0.1:1/x"}}"#).unwrap());
+        c.emu.add_fault(
+            FaultRule::from_json(
+                r#"{"route":"whoami","action":{"kind":"redirect","location":"http://127.0.0.1:1/x"}}"#,
+            )
+            .unwrap(),
+        );
         let r = reqwest::Client::builder()
             .redirect(reqwest::redirect::Policy::none())
             .build()
@@ -695,28 +558,16 @@ async fn status_after_handler_and_drop_connection() {
 async fn drop_after_frames_then_reconnect() {
     with_emu(opts(), |c| async move {
         let sb = c.sandbox().await;
-        let p = c
-            .spawn(
-                &sb,
-                "sh",
-                &["-c", "for i in 1 2 3 4 5; do echo $i; sleep 0.03; done"],
-            )
-            .await;
+        let p = c.spawn(&sb, "sh", &["-c", "for i in 1 2 3 4 5; do echo $i; sleep 0.03; done"]).await;
         let id = p["process_id"].as_str().unwrap().to_string();
         let (s, w) = c.wait(&sb, &id, "tree", 5000).await;
         assert_eq!(s, 200);
         assert_eq!(w["data"]["output"]["newest_seq"], 5);
         c.emu.add_fault(
-            FaultRule::from_json(
-                r#"{"route":"connect","times":1,"action":{"kind":"dropAfterFrames","frames":2}}"#,
-            )
-            .unwrap(),
+            FaultRule::from_json(r#"{"route":"connect","times":1,"action":{"kind":"dropAfterFrames","frames":2}}"#)
+                .unwrap(),
         );
-        let mut r = c
-            .get(&format!("/sandboxes/{sb}/processes/{id}/connect"))
-            .send()
-            .await
-            .unwrap();
+        let mut r = c.get(&format!("/sandboxes/{sb}/processes/{id}/connect")).send().await.unwrap();
         assert_eq!(r.status(), 200);
         let mut got = Vec::new();
         let mut errored = false;
@@ -760,11 +611,7 @@ async fn rate_limit_429() {
         }
         let r = c.get("/whoami").send().await.unwrap();
         assert_eq!(r.status(), 429);
-        let ra: u64 = r.headers()["retry-after"]
-            .to_str()
-            .unwrap()
-            .parse()
-            .unwrap();
+        let ra: u64 = r.headers()["retry-after"].to_str().unwrap().parse().unwrap();
         assert!((1..=60).contains(&ra));
         let v: Value = r.j().await.unwrap();
         assert_eq!(v, json!({"status":"fail","data":{"rate":"limited"}}));
@@ -775,30 +622,16 @@ async fn rate_limit_429() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn close_leaves_no_live_pid() {
     let emu = emulator::start(opts()).await.unwrap();
-    let c = Ctx {
-        emu: emu.clone(),
-        http: reqwest::Client::new(),
-    };
+    let c = Ctx { emu: emu.clone(), http: reqwest::Client::new() };
     let sb = c.sandbox().await;
     let root = {
-        let v: Value = c
-            .post(&format!("/sandboxes/{sb}/exec"), json!({"cmd":"pwd"}))
-            .send()
-            .await
-            .unwrap()
-            .j()
-            .await
-            .unwrap();
+        let v: Value =
+            c.post(&format!("/sandboxes/{sb}/exec"), json!({"cmd":"pwd"})).send().await.unwrap().j().await.unwrap();
         std::path::PathBuf::from(v["data"]["stdout"].as_str().unwrap().trim())
     };
     c.spawn(&sb, "sleep", &["30"]).await;
     c.spawn(&sb, "sh", &["-c", "sleep 30 & sleep 30"]).await;
-    c.spawn(
-        &sb,
-        "bash",
-        &["-c", "setsid sleep 30 & trap '' TERM; sleep 30"],
-    )
-    .await;
+    c.spawn(&sb, "bash", &["-c", "setsid sleep 30 & trap '' TERM; sleep 30"]).await;
     let sb2 = emu.create_sandbox_now();
     c.spawn(&sb2, "sleep", &["30"]).await;
     tokio::time::sleep(Duration::from_millis(200)).await;
@@ -810,23 +643,14 @@ async fn close_leaves_no_live_pid() {
     }
     assert!(emu.live_pids().is_empty());
     assert!(!root.exists(), "sandbox dir removed");
-    assert!(
-        c.get("/whoami").send().await.is_err(),
-        "no longer accepting"
-    );
+    assert!(c.get("/whoami").send().await.is_err(), "no longer accepting");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn connect_stream_faults() {
     with_emu(opts(), |c| async move {
         let sb = c.sandbox().await;
-        let p = c
-            .spawn(
-                &sb,
-                "sh",
-                &["-c", "for i in 1 2 3 4; do echo $i; sleep 0.03; done"],
-            )
-            .await;
+        let p = c.spawn(&sb, "sh", &["-c", "for i in 1 2 3 4; do echo $i; sleep 0.03; done"]).await;
         let id = p["process_id"].as_str().unwrap().to_string();
         let (s, _) = c.wait(&sb, &id, "tree", 5000).await;
         assert_eq!(s, 200);
@@ -836,10 +660,7 @@ async fn connect_stream_faults() {
             let url = url.clone();
             async move {
                 c.emu.clear_faults();
-                c.emu.add_fault(
-                    FaultRule::from_json(&format!(r#"{{"route":"connect","action":{kind}}}"#))
-                        .unwrap(),
-                );
+                c.emu.add_fault(FaultRule::from_json(&format!(r#"{{"route":"connect","action":{kind}}}"#)).unwrap());
                 let b = c.get(&url).send().await.unwrap().bytes().await.unwrap();
                 String::from_utf8(b.to_vec()).unwrap()
             }
@@ -849,32 +670,18 @@ async fn connect_stream_faults() {
         let seqs: Vec<u64> = ls.iter().filter_map(|l| l["seq"].as_u64()).collect();
         assert_eq!(seqs, vec![1, 1, 2, 2, 3, 3, 4, 4]);
         let text = fetch(r#"{"kind":"gapAfterFrames","frames":1}"#).await;
-        let seqs: Vec<u64> = lines(text.as_bytes())
-            .iter()
-            .filter_map(|l| l["seq"].as_u64())
-            .collect();
+        let seqs: Vec<u64> = lines(text.as_bytes()).iter().filter_map(|l| l["seq"].as_u64()).collect();
         assert_eq!(seqs, vec![1, 3, 4]);
         let text = fetch(r#"{"kind":"malformedLine","after_frames":2}"#).await;
-        assert_eq!(
-            text.lines()
-                .filter(|l| serde_json::from_str::<Value>(l).is_err())
-                .count(),
-            1
-        );
+        assert_eq!(text.lines().filter(|l| serde_json::from_str::<Value>(l).is_err()).count(), 1);
         let text = fetch(r#"{"kind":"sseNoise"}"#).await;
-        assert!(
-            text.contains(": keep-alive\n") && text.contains("data: {\"type\":\"exit\""),
-            "{text}"
-        );
+        assert!(text.contains(": keep-alive\n") && text.contains("data: {\"type\":\"exit\""), "{text}");
         let text = fetch(r#"{"kind":"invalidBase64"}"#).await;
         assert!(text.contains("@@not*base64@@"));
         let text = fetch(r#"{"kind":"badSeq"}"#).await;
         assert!(text.contains(r#""seq":-1"#));
         let text = fetch(r#"{"kind":"errorFrame","error":"boom"}"#).await;
-        assert_eq!(
-            lines(text.as_bytes()),
-            vec![json!({"type":"error","error":"boom"})]
-        );
+        assert_eq!(lines(text.as_bytes()), vec![json!({"type":"error","error":"boom"})]);
         let text = fetch(r#"{"kind":"oversizeFrame"}"#).await;
         assert!(text.lines().next().unwrap().len() > 1024 * 1024);
         let last = text.trim_end().lines().last().unwrap();
@@ -902,19 +709,11 @@ async fn connect_stream_faults() {
 async fn exit_frame_does_not_wait_for_background_children() {
     with_emu(opts(), |c| async move {
         let sb = c.sandbox().await;
-        let p = c
-            .spawn(&sb, "sh", &["-c", "sleep 30 & echo hi; exit 5"])
-            .await;
+        let p = c.spawn(&sb, "sh", &["-c", "sleep 30 & echo hi; exit 5"]).await;
         let id = p["process_id"].as_str().unwrap().to_string();
         let t = Instant::now();
-        let body = c
-            .get(&format!("/sandboxes/{sb}/processes/{id}/connect"))
-            .send()
-            .await
-            .unwrap()
-            .bytes()
-            .await
-            .unwrap();
+        let body =
+            c.get(&format!("/sandboxes/{sb}/processes/{id}/connect")).send().await.unwrap().bytes().await.unwrap();
         assert!(t.elapsed() < Duration::from_secs(2));
         let ls = lines(&body);
         assert_eq!(b64(&ls[0]), b"hi\n");
@@ -924,14 +723,8 @@ async fn exit_frame_does_not_wait_for_background_children() {
         assert_eq!(exit["tree_exited"], false);
         let (s, w) = c.wait(&sb, &id, "leader", 1000).await;
         assert_eq!((s, w["data"]["tree_exited"].as_bool()), (200, Some(false)));
-        let v: Value = c
-            .delete(&format!("/sandboxes/{sb}/processes/{id}?grace_ms=0"))
-            .send()
-            .await
-            .unwrap()
-            .j()
-            .await
-            .unwrap();
+        let v: Value =
+            c.delete(&format!("/sandboxes/{sb}/processes/{id}?grace_ms=0")).send().await.unwrap().j().await.unwrap();
         assert_eq!(v["data"]["tree_exited"], true);
     })
     .await;
@@ -943,21 +736,12 @@ async fn slow_live_client_gets_error_frame() {
     o.journal_bytes = 64 * 1024;
     with_emu(o, |c| async move {
         let sb = c.sandbox().await;
-        let p = c
-            .spawn(&sb, "sh", &["-c", "read x; head -c 30000000 /dev/zero"])
-            .await;
+        let p = c.spawn(&sb, "sh", &["-c", "read x; head -c 30000000 /dev/zero"]).await;
         let id = p["process_id"].as_str().unwrap().to_string();
         let base = format!("/sandboxes/{sb}/processes/{id}");
-        let r = c
-            .get(&format!("{base}/connect?after=0"))
-            .send()
-            .await
-            .unwrap();
+        let r = c.get(&format!("{base}/connect?after=0")).send().await.unwrap();
         assert_eq!(r.status(), 200);
-        c.post(&format!("{base}/input"), json!({"data_base64":"Z28K"}))
-            .send()
-            .await
-            .unwrap();
+        c.post(&format!("{base}/input"), json!({"data_base64":"Z28K"})).send().await.unwrap();
         let (s, _) = c.wait(&sb, &id, "tree", 10_000).await;
         assert_eq!(s, 200);
         let body = r.bytes().await.unwrap();
@@ -967,10 +751,7 @@ async fn slow_live_client_gets_error_frame() {
         assert_eq!(last["error"], "output_offset_expired");
         assert!(last["oldest_available_seq"].as_u64().unwrap() > 1);
         let data: Vec<u64> = ls.iter().filter_map(|l| l["seq"].as_u64()).collect();
-        assert!(
-            data.windows(2).all(|w| w[1] == w[0] + 1),
-            "seqs contiguous before the error"
-        );
+        assert!(data.windows(2).all(|w| w[1] == w[0] + 1), "seqs contiguous before the error");
         let total = c.emu.process_output(&sb, &id).unwrap().0.len();
         assert_eq!(total, 30_000_000);
     })
@@ -979,17 +760,10 @@ async fn slow_live_client_gets_error_frame() {
 
 #[test]
 fn dropping_the_runtime_without_close_kills_trees() {
-    let rt = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(1)
-        .enable_all()
-        .build()
-        .unwrap();
+    let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(1).enable_all().build().unwrap();
     let pids = rt.block_on(async {
         let emu = emulator::start(opts()).await.unwrap();
-        let c = Ctx {
-            emu: emu.clone(),
-            http: reqwest::Client::new(),
-        };
+        let c = Ctx { emu: emu.clone(), http: reqwest::Client::new() };
         let sb = c.sandbox().await;
         c.spawn(&sb, "sh", &["-c", "sleep 30 & sleep 30"]).await;
         tokio::time::sleep(Duration::from_millis(150)).await;

@@ -32,9 +32,7 @@ where
     Fut: Future<Output = ()>,
 {
     let emu = emulator::start(opts).await.expect("the emulator starts");
-    let outcome = AssertUnwindSafe(tokio::time::timeout(TEST_LIMIT, body(emu.clone())))
-        .catch_unwind()
-        .await;
+    let outcome = AssertUnwindSafe(tokio::time::timeout(TEST_LIMIT, body(emu.clone()))).catch_unwind().await;
     emu.close().await;
     match outcome {
         Ok(Ok(())) => {}
