@@ -25,12 +25,11 @@ pub async fn start_emulator(options: Option<Value>) -> Result<Emulator> {
     let opts: EmulatorOptions = match options {
         Some(Value::Null) | None => EmulatorOptions::default(),
         Some(v) => {
-            serde_json::from_value(v).map_err(|e| napi::Error::from_reason(format!("Invalid emulator options: {e}")))?
+            serde_json::from_value(v).map_err(|e| Error::from_reason(format!("Invalid emulator options: {e}")))?
         }
     };
-    let inner = emulator::start(opts)
-        .await
-        .map_err(|e| napi::Error::from_reason(format!("The emulator could not start: {e}")))?;
+    let inner =
+        emulator::start(opts).await.map_err(|e| Error::from_reason(format!("The emulator could not start: {e}")))?;
     Ok(Emulator { inner })
 }
 
@@ -53,26 +52,26 @@ impl Emulator {
         ts_return_type = "Array<{ method: string; path: string; query: string; route: string; status: number; atMs: number; durationMs: number }>"
     )]
     pub fn requests(&self) -> Result<Value> {
-        serde_json::to_value(self.inner.requests()).map_err(|e| napi::Error::from_reason(e.to_string()))
+        serde_json::to_value(self.inner.requests()).map_err(|e| Error::from_reason(e.to_string()))
     }
 
     #[napi]
     pub fn clear_requests(&self) {
-        self.inner.clear_requests()
+        self.inner.clear_requests();
     }
 
     /// Adds a fault rule (`{ route?, method?, skip?, times?, action: { kind, ... } }`).
     #[napi(ts_args_type = "rule: object")]
     pub fn add_fault(&self, rule: Value) -> Result<()> {
         let rule: FaultRule =
-            serde_json::from_value(rule).map_err(|e| napi::Error::from_reason(format!("Invalid fault rule: {e}")))?;
+            serde_json::from_value(rule).map_err(|e| Error::from_reason(format!("Invalid fault rule: {e}")))?;
         self.inner.add_fault(rule);
         Ok(())
     }
 
     #[napi]
     pub fn clear_faults(&self) {
-        self.inner.clear_faults()
+        self.inner.clear_faults();
     }
 
     /// Creates a sandbox without a request; returns its id.

@@ -48,7 +48,7 @@ impl Abort {
     }
 
     pub async fn aborted(&self) {
-        self.token.cancelled().await
+        self.token.cancelled().await;
     }
 }
 

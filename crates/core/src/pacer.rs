@@ -58,18 +58,18 @@ impl Pacer {
     }
 
     pub fn set_mode(&self, mode: PacingMode) {
-        *self.mode.lock().unwrap_or_else(|e| e.into_inner()) = mode;
+        *self.mode.lock().unwrap_or_else(std::sync::PoisonError::into_inner) = mode;
     }
 
     pub fn mode(&self) -> PacingMode {
-        *self.mode.lock().unwrap_or_else(|e| e.into_inner())
+        *self.mode.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
     }
 
     /// Reserves the earliest start allowed from `now` and returns it. Reservations are
     /// made under one lock, so concurrent callers get distinct, ordered slots.
     pub fn reserve(&self, now: Instant) -> Instant {
         let mode = self.mode();
-        let mut st = self.state.lock().unwrap_or_else(|e| e.into_inner());
+        let mut st = self.state.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
         let earliest = st.paused_until.map_or(now, |p| p.max(now));
         let at = match mode {
             PacingMode::Off => earliest,
@@ -118,7 +118,7 @@ impl Pacer {
 
     /// Holds every start of this origin until `until` (a 429's Retry-After).
     pub fn pause_until(&self, until: Instant) {
-        let mut st = self.state.lock().unwrap_or_else(|e| e.into_inner());
+        let mut st = self.state.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
         if st.paused_until.is_none_or(|p| p < until) {
             st.paused_until = Some(until);
         }
@@ -130,7 +130,7 @@ impl Pacer {
 /// has (the default for a new origin), so a bare `waitForRequest` never resets it.
 pub fn for_origin(origin: &str, mode: Option<PacingMode>) -> Arc<Pacer> {
     static REGISTRY: OnceLock<Mutex<HashMap<String, Arc<Pacer>>>> = OnceLock::new();
-    let mut map = REGISTRY.get_or_init(Default::default).lock().unwrap_or_else(|e| e.into_inner());
+    let mut map = REGISTRY.get_or_init(Default::default).lock().unwrap_or_else(std::sync::PoisonError::into_inner);
     let pacer = map.entry(origin.to_owned()).or_insert_with(|| Arc::new(Pacer::new(mode.unwrap_or_default()))).clone();
     if let Some(mode) = mode {
         pacer.set_mode(mode);

@@ -166,9 +166,9 @@ mod tests {
 
     #[test]
     fn script_runs_the_command_with_env_cwd_and_odd_words() {
-        let args = vec!["=x".to_string(), "-n".to_string(), "it's".to_string()];
+        let args = ["=x".to_string(), "-n".to_string(), "it's".to_string()];
         let env = vec![("FOO".to_string(), "b a'r".to_string())];
-        let inner = vec!["-c".to_string(), "printf '%s|' \"$FOO\" \"$PWD\" \"$@\"".to_string(), "_".to_string()];
+        let inner = ["-c".to_string(), "printf '%s|' \"$FOO\" \"$PWD\" \"$@\"".to_string(), "_".to_string()];
         let all: Vec<String> = inner.iter().cloned().chain(args.iter().cloned()).collect();
         let c = Command { command: "/bin/bash", args: &all, cwd: Some("/tmp"), env: &env };
         let out = bash(&command_script(&c, None).unwrap());

@@ -51,7 +51,7 @@ pub(crate) fn new_hex_id(prefix: &str) -> String {
 /// RFC 3339 UTC timestamp with milliseconds.
 pub(crate) fn rfc3339_now() -> String {
     let d = SystemTime::now().duration_since(UNIX_EPOCH).unwrap_or_default();
-    let secs = d.as_secs() as i64;
+    let secs = i64::try_from(d.as_secs()).unwrap_or(i64::MAX);
     let ms = d.subsec_millis();
     let days = secs.div_euclid(86_400);
     let sod = secs.rem_euclid(86_400);
@@ -116,7 +116,7 @@ impl Journal {
 
     #[cfg(test)]
     pub fn push_for_test(&mut self, stream: u8, data: Bytes) {
-        self.push(stream, data)
+        self.push(stream, data);
     }
 
     pub fn oldest_seq(&self) -> u64 {
@@ -372,7 +372,7 @@ pub(crate) fn spawn_marked(
         .kill_on_drop(false);
     sb.markers.lock().unwrap().insert(marker.clone());
     let child = cmd.spawn()?;
-    let pid = child.id().map(|p| p as i32).unwrap_or(-1);
+    let pid = child.id().and_then(|p| i32::try_from(p).ok()).unwrap_or(-1);
     inner.unreaped.fetch_add(1, Ordering::SeqCst);
     inner.groups.lock().unwrap().insert(pid, 0);
     sb.leaders.lock().unwrap().insert(pid);
@@ -405,12 +405,12 @@ pub(crate) fn start_process(
     cwd_req: Option<&str>,
     env: &HashMap<String, String>,
 ) -> Result<Arc<Proc>, String> {
-    let cwd = sb.cwd_path(cwd_req).map_err(|e| e.to_string())?;
+    let cwd = sb.cwd_path(cwd_req).map_err(ToString::to_string)?;
     let id = new_hex_id("proc_");
     let (mut child, marker) =
         spawn_marked(inner, sb, &id, SpawnSpec { cmd, args: &args, cwd: cwd.clone(), env, stdin: Stdio::piped() })
             .map_err(|e| format!("cannot start {cmd}: {e}"))?;
-    let pid = child.id().map(|p| p as i32).unwrap_or(-1);
+    let pid = child.id().and_then(|p| i32::try_from(p).ok()).unwrap_or(-1);
     let (tx, _rx) = watch::channel(0u64);
     let proc = Arc::new(Proc {
         id,

@@ -142,7 +142,7 @@ fn query_map(uri: &Uri) -> HashMap<String, String> {
 }
 
 fn truthy(v: Option<&String>) -> bool {
-    matches!(v.map(|s| s.as_str()), Some("true") | Some("1") | Some("yes"))
+    matches!(v.map(String::as_str), Some("true" | "1" | "yes"))
 }
 
 // ---------------------------------------------------------------- front layer
@@ -237,9 +237,8 @@ async fn front(
         r.headers_mut().insert(header::RETRY_AFTER, HeaderValue::from(secs));
         return Some(r);
     }
-    let body = match axum::body::to_bytes(body, MAX_BODY).await {
-        Ok(b) => b,
-        Err(_) => return Some(fail(StatusCode::PAYLOAD_TOO_LARGE, json!({"body":"unreadable or too large"}))),
+    let Ok(body) = axum::body::to_bytes(body, MAX_BODY).await else {
+        return Some(fail(StatusCode::PAYLOAD_TOO_LARGE, json!({"body":"unreadable or too large"})));
     };
     let query = query_map(&parts.uri);
     if rm.name == "exec" {

@@ -201,7 +201,7 @@ pub(crate) async fn connect_task(inner: Arc<Inner>, proc: Arc<Proc>, after: u64,
                         malformed_done = true;
                         out.push_line(br#"{"type":"data","seq":"#);
                     }
-                    let mut seq = fr.seq as i64;
+                    let mut seq = i64::try_from(fr.seq).unwrap_or(i64::MAX);
                     let mut enc = b64.encode(&fr.data);
                     if !first_done {
                         first_done = true;
@@ -339,7 +339,7 @@ pub(crate) struct ExecRun {
 }
 
 pub(crate) fn exec_spawn(inner: &Arc<Inner>, sb: &Arc<Sandbox>, req: &ExecReq) -> Result<ExecRun, String> {
-    let cwd = sb.cwd_path(req.cwd.as_deref()).map_err(|e| e.to_string())?;
+    let cwd = sb.cwd_path(req.cwd.as_deref()).map_err(ToString::to_string)?;
     let id = model::new_hex_id("exec_");
     let stdin = if req.stdin.is_some() { Stdio::piped() } else { Stdio::null() };
     let (mut child, marker) =
@@ -351,13 +351,13 @@ pub(crate) fn exec_spawn(inner: &Arc<Inner>, sb: &Arc<Sandbox>, req: &ExecReq) -
             let _ = w.shutdown().await;
         });
     }
-    let pid = child.id().map(|p| p as i32).unwrap_or(-1);
+    let pid = child.id().and_then(|p| i32::try_from(p).ok()).unwrap_or(-1);
     let filter: procfs::Filter =
         Arc::new(move |e: &procfs::Entry| e.mark.as_deref() == Some(marker.as_str()) || e.pgid == pid);
     Ok(ExecRun { child, pid, filter })
 }
 
-fn shell_code(status: std::io::Result<std::process::ExitStatus>) -> i32 {
+fn shell_code(status: io::Result<std::process::ExitStatus>) -> i32 {
     use std::os::unix::process::ExitStatusExt;
     match status {
         Ok(s) => s.code().unwrap_or_else(|| 128 + s.signal().unwrap_or(0)),

@@ -2,12 +2,10 @@
 //! which SIGKILLs every process the test started.
 
 use std::future::Future;
-use std::panic::AssertUnwindSafe;
 use std::time::{Duration, Instant};
 
 use base64::Engine;
 use createos_test_support::{emulator, with_emulator, Emulator, EmulatorOptions, FaultRule};
-use futures_util::FutureExt;
 use serde_json::{json, Value};
 
 trait JsonBody {
