@@ -85,6 +85,7 @@ mod net;
 mod procfs;
 mod server;
 mod streams;
+mod tls;
 
 use std::collections::{HashMap, HashSet, VecDeque};
 use std::net::SocketAddr;
@@ -116,6 +117,22 @@ pub struct EmulatorOptions {
     pub journal_bytes: usize,
     /// Root directory for sandbox directories. Default: a fresh temp dir removed on close.
     pub root_dir: Option<PathBuf>,
+    /// Serve HTTPS from a CA and leaf generated at start ([`Emulator::ca_pem`]); the leaf is
+    /// valid for `localhost`, `createos.test` and `127.0.0.1`. Default false (plain HTTP).
+    pub tls: bool,
+    /// Offer HTTP/2: ALPN `h2` besides `http/1.1` with TLS, the h2 preface ("prior
+    /// knowledge") without. False = HTTP/1.1 only. Default true.
+    pub http2: bool,
+    /// Emulated round-trip time in ms: every byte reaches the other side `rtt_ms / 2` after it
+    /// was sent, in each direction, and a new connection waits one more `rtt_ms` before it is
+    /// served (its TCP handshake). Default 0 (none).
+    pub rtt_ms: u64,
+    /// The `connect` stream's response headers go out only together with its first frame (a
+    /// data, heartbeat, error or exit frame), as a Node `http` server sends them by default.
+    /// Default false (headers at once).
+    pub hold_headers: bool,
+    /// Heartbeat interval of connect and streaming-exec streams, ms (at least 1). Default 5000.
+    pub heartbeat_ms: u64,
 }
 
 impl Default for EmulatorOptions {
@@ -126,6 +143,11 @@ impl Default for EmulatorOptions {
             rate_limit_per_minute: Some(300),
             journal_bytes: 1_048_576,
             root_dir: None,
+            tls: false,
+            http2: true,
+            rtt_ms: 0,
+            hold_headers: false,
+            heartbeat_ms: 5_000,
         }
     }
 }
@@ -146,6 +168,10 @@ pub struct RequestRecord {
     pub at_ms: f64,
     /// Time until the response head was produced (streams: not their whole duration).
     pub duration_ms: f64,
+    /// `"HTTP/1.1"` or `"HTTP/2.0"` (as the request arrived).
+    pub http_version: &'static str,
+    /// The TCP connection it came on: 1 for the first connection accepted, then 2, ...
+    pub connection: u64,
 }
 
 pub(crate) struct FaultSlot {
@@ -162,6 +188,12 @@ pub(crate) struct Inner {
     pub journal_bytes: usize,
     pub rate_limit: Option<u32>,
     pub addr: SocketAddr,
+    /// The CA's PEM when serving HTTPS.
+    pub ca_pem: Option<String>,
+    pub hold_headers: bool,
+    pub heartbeat: Duration,
+    /// TCP connections accepted so far.
+    pub connections: Arc<AtomicU64>,
     pub requests: Mutex<(u64, Vec<RequestRecord>)>,
     pub faults: Mutex<Vec<FaultSlot>>,
     pub sandboxes: Mutex<HashMap<String, Arc<Sandbox>>>,
@@ -244,6 +276,11 @@ pub async fn start(opts: EmulatorOptions) -> std::io::Result<Emulator> {
     if std::fs::read("/proc/self/environ").is_err() {
         return Err(std::io::Error::other("the emulator needs a readable /proc to observe process trees"));
     }
+    if opts.heartbeat_ms == 0 {
+        return Err(std::io::Error::new(std::io::ErrorKind::InvalidInput, "heartbeatMs must be at least 1"));
+    }
+    let instance = format!("emu{}", &uuid::Uuid::new_v4().simple().to_string()[..12]);
+    let tls = if opts.tls { Some(tls::make(&instance, opts.http2)?) } else { None };
     let listener = tokio::net::TcpListener::bind(("127.0.0.1", opts.port)).await?;
     let addr = listener.local_addr()?;
     let (root, owns_root) = match opts.root_dir.clone() {
@@ -260,7 +297,7 @@ pub async fn start(opts: EmulatorOptions) -> std::io::Result<Emulator> {
     };
     let api_key = opts.api_key.clone().unwrap_or_else(|| format!("emu_{}", uuid::Uuid::new_v4().simple()));
     let inner = Arc::new(Inner {
-        instance: format!("emu{}", &uuid::Uuid::new_v4().simple().to_string()[..12]),
+        instance,
         api_key,
         root,
         owns_root,
@@ -268,6 +305,10 @@ pub async fn start(opts: EmulatorOptions) -> std::io::Result<Emulator> {
         journal_bytes: opts.journal_bytes,
         rate_limit: opts.rate_limit_per_minute.filter(|n| *n > 0),
         addr,
+        ca_pem: tls.as_ref().map(|t| t.ca_pem.clone()),
+        hold_headers: opts.hold_headers,
+        heartbeat: Duration::from_millis(opts.heartbeat_ms),
+        connections: Arc::new(AtomicU64::new(0)),
         requests: Mutex::new((0, Vec::new())),
         faults: Mutex::new(Vec::new()),
         sandboxes: Mutex::new(HashMap::new()),
@@ -281,7 +322,9 @@ pub async fn start(opts: EmulatorOptions) -> std::io::Result<Emulator> {
         serve_task: Mutex::new(None),
         reaper_task: Mutex::new(None),
     });
-    let serve = server::spawn_server(inner.clone(), listener);
+    let net =
+        net::NetConfig { tls: tls.map(|t| t.acceptor), http2: opts.http2, rtt: Duration::from_millis(opts.rtt_ms) };
+    let serve = server::spawn_server(inner.clone(), listener, net);
     *inner.serve_task.lock().unwrap() = Some(serve);
     let reaper = tokio::spawn(model::reaper(inner.clone()));
     *inner.reaper_task.lock().unwrap() = Some(reaper);
@@ -289,9 +332,23 @@ pub async fn start(opts: EmulatorOptions) -> std::io::Result<Emulator> {
 }
 
 impl Emulator {
-    /// `http://127.0.0.1:PORT` (without `/v1`).
+    /// `http://127.0.0.1:PORT`, or `https://127.0.0.1:PORT` with [`EmulatorOptions::tls`]
+    /// (without `/v1`).
     pub fn url(&self) -> String {
-        format!("http://{}", self.inner.addr)
+        let scheme = if self.inner.ca_pem.is_some() { "https" } else { "http" };
+        format!("{scheme}://{}", self.inner.addr)
+    }
+
+    /// The PEM of the CA that issued the server certificate (with [`EmulatorOptions::tls`]);
+    /// `None` when serving plain HTTP. Generated at start, valid only for this instance.
+    pub fn ca_pem(&self) -> Option<String> {
+        self.inner.ca_pem.clone()
+    }
+
+    /// TCP connections accepted so far (the highest [`RequestRecord::connection`] seen, or
+    /// more when a connection sent no request, e.g. a failed TLS handshake).
+    pub fn connections(&self) -> u64 {
+        self.inner.connections.load(Ordering::SeqCst)
     }
 
     pub fn api_key(&self) -> String {

@@ -9,8 +9,8 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use axum::body::{Body, Bytes};
-use axum::extract::{ConnectInfo, Query, Request, State};
-use axum::http::{header, HeaderValue, Method, StatusCode, Uri};
+use axum::extract::{Query, Request, State};
+use axum::http::{header, HeaderValue, Method, StatusCode, Uri, Version};
 use axum::response::{IntoResponse, Response};
 use axum::Router;
 use base64::Engine;
@@ -22,7 +22,7 @@ use tokio::task::JoinHandle;
 
 use super::faults::{self, FaultAction, Fired};
 use super::model::{self, Proc, Sandbox};
-use super::net::{ConnHandle, EmuListener};
+use super::net::{self, ConnHandle, NetConfig};
 use super::streams::{self, ExecReq, Out};
 use super::{procfs, Inner, RequestRecord};
 
@@ -36,15 +36,9 @@ const RATE_WINDOW: Duration = Duration::from_secs(60);
 const STREAM_CHANNEL: usize = 8;
 pub(crate) const FAULT_SECRET: &str = "secret-body-token";
 
-pub(crate) fn spawn_server(inner: Arc<Inner>, listener: TcpListener) -> JoinHandle<()> {
+pub(crate) fn spawn_server(inner: Arc<Inner>, listener: TcpListener, cfg: NetConfig) -> JoinHandle<()> {
     let app = Router::new().fallback(dispatch).with_state(inner.clone());
-    let listener = EmuListener { inner: listener, root: inner.shutdown.clone() };
-    let token = inner.shutdown.clone();
-    tokio::spawn(async move {
-        let _ = axum::serve(listener, app.into_make_service_with_connect_info::<ConnHandle>())
-            .with_graceful_shutdown(async move { token.cancelled().await })
-            .await;
-    })
+    tokio::spawn(net::serve(listener, cfg, app, inner.shutdown.clone(), inner.connections.clone()))
 }
 
 // ---------------------------------------------------------------- envelopes
@@ -141,6 +135,17 @@ fn query_map(uri: &Uri) -> HashMap<String, String> {
     Query::<HashMap<String, String>>::try_from_uri(uri).map(|q| q.0).unwrap_or_default()
 }
 
+fn version_name(v: Version) -> &'static str {
+    match v {
+        Version::HTTP_09 => "HTTP/0.9",
+        Version::HTTP_10 => "HTTP/1.0",
+        Version::HTTP_11 => "HTTP/1.1",
+        Version::HTTP_2 => "HTTP/2.0",
+        Version::HTTP_3 => "HTTP/3.0",
+        _ => "unknown",
+    }
+}
+
 fn truthy(v: Option<&String>) -> bool {
     matches!(v.map(String::as_str), Some("true" | "1" | "yes"))
 }
@@ -184,7 +189,7 @@ fn rate_check(inner: &Inner, key: &str) -> Option<u64> {
 
 async fn dispatch(
     State(inner): State<Arc<Inner>>,
-    ConnectInfo(conn): ConnectInfo<ConnHandle>,
+    axum::Extension(conn): axum::Extension<ConnHandle>,
     req: Request,
 ) -> Response {
     let arrival = Instant::now();
@@ -200,6 +205,8 @@ async fn dispatch(
             status: 0,
             at_ms: inner.now_ms(),
             duration_ms: 0.0,
+            http_version: version_name(parts.version),
+            connection: conn.id,
         },
     );
     let request_id = format!("req_{}", uuid::Uuid::new_v4().simple());
@@ -393,7 +400,7 @@ async fn handle(
             match rm.name {
                 "getProcess" => ok(StatusCode::OK, p.to_json()),
                 "deleteProcess" => delete_process(inner, p, query, fired).await,
-                "connect" => connect(inner, p, query, fired),
+                "connect" => connect(inner, p, query, fired).await,
                 "input" => input(p, body).await,
                 "stdinClose" => stdin_close(p).await,
                 "signal" => signal(inner, p, body),
@@ -597,7 +604,7 @@ async fn delete_process(inner: &Arc<Inner>, p: Arc<Proc>, query: &HashMap<String
     ok(StatusCode::OK, p.to_json())
 }
 
-fn connect(inner: &Arc<Inner>, p: Arc<Proc>, query: &HashMap<String, String>, fired: &Fired) -> Response {
+async fn connect(inner: &Arc<Inner>, p: Arc<Proc>, query: &HashMap<String, String>, fired: &Fired) -> Response {
     let after = match query.get("after") {
         None => 0,
         Some(s) => match s.parse::<u64>() {
@@ -610,9 +617,18 @@ fn connect(inner: &Arc<Inner>, p: Arc<Proc>, query: &HashMap<String, String>, fi
             return fail(StatusCode::GONE, json!({"error":"output_offset_expired","oldest_available_seq":oldest}));
         }
     }
-    let (tx, rx) = mpsc::channel(STREAM_CHANNEL);
+    let (tx, mut rx) = mpsc::channel(STREAM_CHANNEL);
     let out = Out::new(tx, fired.stream.sse_noise);
     tokio::spawn(streams::connect_task(inner.clone(), p, after, fired.stream.clone(), out));
+    if inner.hold_headers {
+        // Like a Node `http` server: the head goes out with the first body write. The task
+        // writes a frame at the latest after one heartbeat interval, so this wait is bounded.
+        let first = tokio::select! {
+            f = rx.recv() => f,
+            () = inner.shutdown.cancelled() => None,
+        };
+        return streams::ndjson_response_after(first, rx);
+    }
     streams::ndjson_response(rx)
 }
 

@@ -14,6 +14,7 @@ use axum::http::{header, StatusCode};
 use axum::response::Response;
 use base64::Engine;
 use bytes::Bytes;
+use futures_util::StreamExt;
 use serde_json::json;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::sync::mpsc;
@@ -23,8 +24,6 @@ use super::model::{self, Proc, Read, Sandbox, SpawnSpec};
 use super::procfs;
 use super::Inner;
 
-/// Heartbeat interval of connect and exec streams.
-pub(crate) const HEARTBEAT: Duration = Duration::from_secs(5);
 /// Raw bytes copied out of the journal per batch.
 const BATCH_BYTES: usize = 256 * 1024;
 /// Heartbeat interval during the `heartbeatsOnly` fault.
@@ -33,7 +32,13 @@ const FAULT_HEARTBEAT: Duration = Duration::from_millis(100);
 type Item = Result<Bytes, io::Error>;
 
 pub(crate) fn ndjson_response(rx: mpsc::Receiver<Item>) -> Response {
-    let stream = futures_util::stream::unfold(rx, |mut rx| async move { rx.recv().await.map(|item| (item, rx)) });
+    ndjson_response_after(None, rx)
+}
+
+/// An NDJSON response whose body starts with `first` (already taken from `rx`), then the rest.
+pub(crate) fn ndjson_response_after(first: Option<Item>, rx: mpsc::Receiver<Item>) -> Response {
+    let rest = futures_util::stream::unfold(rx, |mut rx| async move { rx.recv().await.map(|item| (item, rx)) });
+    let stream = futures_util::stream::iter(first).chain(rest);
     Response::builder()
         .status(StatusCode::OK)
         .header(header::CONTENT_TYPE, "application/x-ndjson")
@@ -234,7 +239,7 @@ pub(crate) async fn connect_task(inner: Arc<Inner>, proc: Arc<Proc>, after: u64,
             let _ = out.line(exit_line(&proc).as_bytes()).await;
             return;
         }
-        let hb_at = tokio::time::Instant::from_std(out.last_write + HEARTBEAT);
+        let hb_at = tokio::time::Instant::from_std(out.last_write + inner.heartbeat);
         tokio::select! {
             _ = rx.changed() => {}
             _ = tokio::time::sleep_until(hb_at) => {
@@ -425,7 +430,8 @@ async fn read_capped<R: tokio::io::AsyncRead + Unpin>(r: &mut R, into: &mut Vec<
     }
 }
 
-/// Streaming exec: stdout/stderr text frames, `{"hb":true}` every 5 s, final `{"exit_code":N}`.
+/// Streaming exec: stdout/stderr text frames, `{"hb":true}` every heartbeat interval (default
+/// 5 s), final `{"exit_code":N}`.
 /// The client going away kills the exec'd tree.
 pub(crate) async fn exec_stream_task(inner: Arc<Inner>, mut run: ExecRun, timeout: Duration, mut out: Out) {
     let mut out_r = run.child.stdout.take();
@@ -437,7 +443,7 @@ pub(crate) async fn exec_stream_task(inner: Arc<Inner>, mut run: ExecRun, timeou
     let mut client_gone = !out.start_noise().await;
     let mut killed = false;
     while !client_gone && (out_r.is_some() || err_r.is_some()) {
-        let hb_at = tokio::time::Instant::from_std(out.last_write + HEARTBEAT);
+        let hb_at = tokio::time::Instant::from_std(out.last_write + inner.heartbeat);
         tokio::select! {
             r = async { out_r.as_mut().unwrap().read(&mut bo).await }, if out_r.is_some() => {
                 match r {
