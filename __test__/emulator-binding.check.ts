@@ -1,5 +1,6 @@
 // Type test of the seam between emulator/index.js and its generated binding.
 import * as native from "../emulator/binding.js";
+import * as pkgTypes from "createos-execute-emulator";
 
 async function emulator(): Promise<void> {
   const emu: native.Emulator = await native.startEmulator({ port: 0, apiKey: "k", rateLimitPerMinute: null, journalBytes: 1024 });
@@ -12,5 +13,18 @@ async function emulator(): Promise<void> {
   const pids: number[] = emu.livePids();
   await emu.close();
   void url; void key; void route; void out; void pids;
+  // The network options and observations (issue 10), through the binding and the package.
+  const net: native.Emulator = await native.startEmulator({ tls: true, http2: false, rttMs: 20, holdHeaders: true, heartbeatMs: 1000 });
+  const ca: string | null = net.caPem;
+  const conns: number = net.connections();
+  const version: string = net.requests()[0]!.httpVersion;
+  const conn: number = net.requests()[0]!.connection;
+  const pkg: pkgTypes.Emulator = await pkgTypes.startEmulator({ tls: true, http2: false, rttMs: 20, holdHeaders: true, heartbeatMs: 1000 });
+  const pkgCa: string | null = pkg.caPem;
+  const pkgConns: number = pkg.connections();
+  const pkgReq: pkgTypes.EmulatorRequest = pkg.requests()[0]!;
+  const pkgVersion: string = pkgReq.httpVersion;
+  const pkgConn: number = pkgReq.connection;
+  void ca; void conns; void version; void conn; void pkgCa; void pkgConns; void pkgVersion; void pkgConn;
 }
 void emulator;

@@ -10,12 +10,16 @@
 export declare const __napiBindingTarget: 'native' | 'wasm32-wasi' | 'wasm32-wasip1'
 
 export declare class Emulator {
-  /** `http://127.0.0.1:PORT`. */
+  /** `http://127.0.0.1:PORT`, or `https://127.0.0.1:PORT` with `tls`. */
   get url(): string
+  /** PEM of the CA that issued the server certificate (with `tls`), else null. */
+  get caPem(): string | null
+  /** TCP connections accepted so far. */
+  connections(): number
   /** The emulator's own throwaway key. */
   get apiKey(): string
   /** Every request so far, in arrival order. */
-  requests(): Array<{ method: string; path: string; query: string; route: string; status: number; atMs: number; durationMs: number }>
+  requests(): Array<{ method: string; path: string; query: string; route: string; status: number; atMs: number; durationMs: number; httpVersion: string; connection: number }>
   clearRequests(): void
   /** Adds a fault rule (`{ route?, method?, skip?, times?, action: { kind, ... } }`). */
   addFault(rule: object): void
@@ -36,4 +40,4 @@ export interface ProcessOutput {
 }
 
 /** Starts the local CreateOS emulator on 127.0.0.1. */
-export declare function startEmulator(options?: { port?: number; apiKey?: string; rateLimitPerMinute?: number | null; journalBytes?: number } | undefined | null): Promise<Emulator>
+export declare function startEmulator(options?: { port?: number; apiKey?: string; rateLimitPerMinute?: number | null; journalBytes?: number; tls?: boolean; http2?: boolean; rttMs?: number; holdHeaders?: boolean; heartbeatMs?: number } | undefined | null): Promise<Emulator>

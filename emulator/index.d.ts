@@ -10,6 +10,30 @@ export interface EmulatorOptions {
   rateLimitPerMinute?: number | null
   /** Output journal per process, in bytes. Default 1 MiB. */
   journalBytes?: number
+  /**
+   * Serve HTTPS from a CA and leaf generated at start (see `caPem`). The leaf is valid for
+   * `localhost`, `createos.test` and `127.0.0.1`; `url` becomes `https://127.0.0.1:PORT`.
+   * Default false.
+   */
+  tls?: boolean
+  /**
+   * Offer HTTP/2: ALPN `h2` next to `http/1.1` with `tls`, h2 "prior knowledge" without.
+   * `false`: HTTP/1.1 only. Default true.
+   */
+  http2?: boolean
+  /**
+   * Emulated round-trip time, ms: every byte is delayed by half of it in each direction, and
+   * a new connection waits one more round trip before it is served (its TCP handshake).
+   * Default 0.
+   */
+  rttMs?: number
+  /**
+   * The `connect` stream's response headers go out only with its first frame (data,
+   * heartbeat, error or exit), as a Node `http` server sends them. Default false.
+   */
+  holdHeaders?: boolean
+  /** Heartbeat interval of `connect` and streaming `exec` streams, ms (at least 1). Default 5000. */
+  heartbeatMs?: number
 }
 
 export interface EmulatorRequest {
@@ -21,12 +45,21 @@ export interface EmulatorRequest {
   status: number
   atMs: number
   durationMs: number
+  /** The HTTP version the request arrived with: `"HTTP/1.1"` or `"HTTP/2.0"`. */
+  httpVersion: string
+  /** The TCP connection it came on: 1 for the first connection accepted, then 2, ... */
+  connection: number
 }
 
 export declare class Emulator {
   private constructor()
+  /** `http://127.0.0.1:PORT`, or `https://127.0.0.1:PORT` with `tls`. */
   readonly url: string
   readonly apiKey: string
+  /** PEM of the CA that issued the server certificate with `tls`; `null` on plain HTTP. */
+  readonly caPem: string | null
+  /** TCP connections accepted so far (including ones whose TLS handshake failed). */
+  connections(): number
   requests(): EmulatorRequest[]
   clearRequests(): void
   /** Adds a fault rule (see README, "Emulator faults"). */

@@ -2,18 +2,29 @@
 'use strict'
 
 // createos-emulator [--port N] [--api-key K] [--rate-limit N|off] [--journal-bytes N]
+//                   [--tls] [--no-http2] [--rtt-ms N] [--hold-headers] [--heartbeat-ms N]
 //
 // Runs the local CreateOS emulator until SIGINT/SIGTERM. It runs real processes
 // on this machine and isolates nothing: for tests, demos and development only.
 
+const fs = require('node:fs')
+const os = require('node:os')
+const path = require('node:path')
 const { startEmulator } = require('..')  // createos-execute-emulator
 
 const USAGE = `usage: createos-emulator [--port N] [--api-key K] [--rate-limit N|off] [--journal-bytes N]
+                         [--tls] [--no-http2] [--rtt-ms N] [--hold-headers] [--heartbeat-ms N]
 
   --port N           TCP port on 127.0.0.1 (default: a free one)
   --api-key K        the key clients must send (default: a random one, printed)
   --rate-limit N     requests per minute per key (default 300); 'off' disables it
   --journal-bytes N  output journal per process (default 1048576)
+  --tls              serve HTTPS (ALPN h2 and http/1.1) from a CA made at start; the CA is
+                     written to a temp file, printed as CREATEOS_CA_FILE=..., removed on exit
+  --no-http2         offer HTTP/1.1 only
+  --rtt-ms N         emulated round-trip time: bytes delayed N/2 ms each way, connections N ms
+  --hold-headers     connect stream headers go out only with the first frame (as Node http)
+  --heartbeat-ms N   heartbeat interval of connect and exec streams (default 5000)
 
 Runs real processes on this machine and isolates nothing: not for untrusted code.`
 
@@ -59,6 +70,22 @@ function parseArgs(argv) {
       case '--journal-bytes':
         opts.journalBytes = int(take(), '--journal-bytes')
         break
+      case '--tls':
+        opts.tls = true
+        break
+      case '--no-http2':
+        opts.http2 = false
+        break
+      case '--rtt-ms':
+        opts.rttMs = int(take(), '--rtt-ms')
+        break
+      case '--hold-headers':
+        opts.holdHeaders = true
+        break
+      case '--heartbeat-ms':
+        opts.heartbeatMs = int(take(), '--heartbeat-ms')
+        if (opts.heartbeatMs === 0) throw new Error('--heartbeat-ms must be at least 1')
+        break
       default:
         throw new Error(`unknown argument ${arg}`)
     }
@@ -80,21 +107,35 @@ async function main(argv) {
   }
   delete opts.help
   const emulator = await startEmulator(opts)
-  // The key is the emulator's own throwaway key, printed so a client can use it.
-  process.stdout.write(
-    `CreateOS emulator listening on ${emulator.url}\n` +
-    `CREATEOS_API_URL=${emulator.url}\n` +
-    `CREATEOS_API_KEY=${emulator.apiKey}\n` +
-    'It runs real processes on this machine and isolates nothing. Stop it with Ctrl-C.\n')
-  // The server runs on the native runtime, which does not keep Node's event
-  // loop alive by itself: hold it open until a signal arrives.
-  const keepAlive = setInterval(() => {}, 1 << 30)
-  await new Promise((resolve) => {
-    process.once('SIGINT', resolve)
-    process.once('SIGTERM', resolve)
-  })
-  clearInterval(keepAlive)
-  await emulator.close()
+  let caDir
+  try {
+    let caLine = ''
+    if (emulator.caPem !== null) {
+      // The CA exists only for this run: a private temp dir, removed on exit.
+      caDir = fs.mkdtempSync(path.join(os.tmpdir(), 'createos-emulator-ca-'))
+      const caFile = path.join(caDir, 'ca.pem')
+      fs.writeFileSync(caFile, emulator.caPem, { mode: 0o644 })
+      caLine = `CREATEOS_CA_FILE=${caFile}\n`
+    }
+    // The key is the emulator's own throwaway key, printed so a client can use it.
+    process.stdout.write(
+      `CreateOS emulator listening on ${emulator.url}\n` +
+      `CREATEOS_API_URL=${emulator.url}\n` +
+      `CREATEOS_API_KEY=${emulator.apiKey}\n` +
+      caLine +
+      'It runs real processes on this machine and isolates nothing. Stop it with Ctrl-C.\n')
+    // The server runs on the native runtime, which does not keep Node's event
+    // loop alive by itself: hold it open until a signal arrives.
+    const keepAlive = setInterval(() => {}, 1 << 30)
+    await new Promise((resolve) => {
+      process.once('SIGINT', resolve)
+      process.once('SIGTERM', resolve)
+    })
+    clearInterval(keepAlive)
+  } finally {
+    await emulator.close()
+    if (caDir !== undefined) fs.rmSync(caDir, { recursive: true, force: true })
+  }
   process.stdout.write('CreateOS emulator stopped; every process it started has ended.\n')
   return 0
 }

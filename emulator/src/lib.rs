@@ -19,7 +19,7 @@ pub struct ProcessOutput {
 
 /// Starts the local CreateOS emulator on 127.0.0.1.
 #[napi(
-    ts_args_type = "options?: { port?: number; apiKey?: string; rateLimitPerMinute?: number | null; journalBytes?: number } | undefined | null"
+    ts_args_type = "options?: { port?: number; apiKey?: string; rateLimitPerMinute?: number | null; journalBytes?: number; tls?: boolean; http2?: boolean; rttMs?: number; holdHeaders?: boolean; heartbeatMs?: number } | undefined | null"
 )]
 pub async fn start_emulator(options: Option<Value>) -> Result<Emulator> {
     let opts: EmulatorOptions = match options {
@@ -35,10 +35,22 @@ pub async fn start_emulator(options: Option<Value>) -> Result<Emulator> {
 
 #[napi]
 impl Emulator {
-    /// `http://127.0.0.1:PORT`.
+    /// `http://127.0.0.1:PORT`, or `https://127.0.0.1:PORT` with `tls`.
     #[napi(getter)]
     pub fn url(&self) -> String {
         self.inner.url()
+    }
+
+    /// PEM of the CA that issued the server certificate (with `tls`), else null.
+    #[napi(getter)]
+    pub fn ca_pem(&self) -> Option<String> {
+        self.inner.ca_pem()
+    }
+
+    /// TCP connections accepted so far.
+    #[napi]
+    pub fn connections(&self) -> u32 {
+        u32::try_from(self.inner.connections()).unwrap_or(u32::MAX)
     }
 
     /// The emulator's own throwaway key.
@@ -49,7 +61,7 @@ impl Emulator {
 
     /// Every request so far, in arrival order.
     #[napi(
-        ts_return_type = "Array<{ method: string; path: string; query: string; route: string; status: number; atMs: number; durationMs: number }>"
+        ts_return_type = "Array<{ method: string; path: string; query: string; route: string; status: number; atMs: number; durationMs: number; httpVersion: string; connection: number }>"
     )]
     pub fn requests(&self) -> Result<Value> {
         serde_json::to_value(self.inner.requests()).map_err(|e| Error::from_reason(e.to_string()))

@@ -1,6 +1,8 @@
 //! Local CreateOS sandbox emulator.
 //!
-//! A small HTTP/1.1 server (axum on tokio, bound to `127.0.0.1` only) that speaks the subset of
+//! A small HTTP/1.1 and HTTP/2 server (axum on hyper-util, tokio, bound to `127.0.0.1` only;
+//! HTTPS with [`EmulatorOptions::tls`], an emulated round-trip time with
+//! [`EmulatorOptions::rtt_ms`]) that speaks the subset of
 //! the CreateOS sandbox REST API this crate uses: sandboxes, files, buffered and streaming
 //! `exec`, and managed processes (`connect`, `input`, `stdin/close`, `signal`, `wait`,
 //! `DELETE ?grace_ms=`). Every request is logged ([`Emulator::requests`]) and faults can be

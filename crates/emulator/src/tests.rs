@@ -80,6 +80,12 @@ fn options_from_json() {
     assert_eq!(o.rate_limit_per_minute, Some(300));
     let o: EmulatorOptions = serde_json::from_str(r#"{"rateLimitPerMinute":null}"#).unwrap();
     assert_eq!(o.rate_limit_per_minute, None);
+    assert!(!o.tls && o.http2 && !o.hold_headers);
+    assert_eq!((o.rtt_ms, o.heartbeat_ms), (0, 5_000));
+    let o: EmulatorOptions =
+        serde_json::from_str(r#"{"tls":true,"http2":false,"rttMs":50,"holdHeaders":true,"heartbeatMs":1000}"#).unwrap();
+    assert!(o.tls && !o.http2 && o.hold_headers);
+    assert_eq!((o.rtt_ms, o.heartbeat_ms), (50, 1_000));
 }
 
 #[test]
