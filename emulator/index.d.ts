@@ -24,7 +24,7 @@ export interface EmulatorOptions {
   /**
    * Emulated round-trip time, ms: every byte is delayed by half of it in each direction, and
    * a new connection waits one more round trip before it is served (its TCP handshake).
-   * Default 0.
+   * Default 0; at most 60000.
    */
   rttMs?: number
   /**
@@ -32,7 +32,7 @@ export interface EmulatorOptions {
    * heartbeat, error or exit), as a Node `http` server sends them. Default false.
    */
   holdHeaders?: boolean
-  /** Heartbeat interval of `connect` and streaming `exec` streams, ms (at least 1). Default 5000. */
+  /** Heartbeat interval of `connect` and streaming `exec` streams, ms (1 to 86400000). Default 5000. */
   heartbeatMs?: number
 }
 

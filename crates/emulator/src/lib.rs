@@ -105,6 +105,11 @@ pub use faults::{FaultAction, FaultRule};
 
 use model::Sandbox;
 
+/// Largest [`EmulatorOptions::rtt_ms`] (one minute).
+pub const MAX_RTT_MS: u64 = 60_000;
+/// Largest [`EmulatorOptions::heartbeat_ms`] (one day).
+pub const MAX_HEARTBEAT_MS: u64 = 86_400_000;
+
 /// Options of [`start`]. Deserializable from camelCase JSON; every field is optional.
 #[derive(Clone, Debug, Deserialize)]
 #[serde(default, rename_all = "camelCase")]
@@ -127,13 +132,14 @@ pub struct EmulatorOptions {
     pub http2: bool,
     /// Emulated round-trip time in ms: every byte reaches the other side `rtt_ms / 2` after it
     /// was sent, in each direction, and a new connection waits one more `rtt_ms` before it is
-    /// served (its TCP handshake). Default 0 (none).
+    /// served (its TCP handshake). Default 0 (none); at most [`MAX_RTT_MS`].
     pub rtt_ms: u64,
     /// The `connect` stream's response headers go out only together with its first frame (a
     /// data, heartbeat, error or exit frame), as a Node `http` server sends them by default.
     /// Default false (headers at once).
     pub hold_headers: bool,
-    /// Heartbeat interval of connect and streaming-exec streams, ms (at least 1). Default 5000.
+    /// Heartbeat interval of connect and streaming-exec streams, ms (1 to
+    /// [`MAX_HEARTBEAT_MS`]). Default 5000.
     pub heartbeat_ms: u64,
 }
 
@@ -278,8 +284,17 @@ pub async fn start(opts: EmulatorOptions) -> std::io::Result<Emulator> {
     if std::fs::read("/proc/self/environ").is_err() {
         return Err(std::io::Error::other("the emulator needs a readable /proc to observe process trees"));
     }
-    if opts.heartbeat_ms == 0 {
-        return Err(std::io::Error::new(std::io::ErrorKind::InvalidInput, "heartbeatMs must be at least 1"));
+    if !(1..=MAX_HEARTBEAT_MS).contains(&opts.heartbeat_ms) {
+        return Err(std::io::Error::new(
+            std::io::ErrorKind::InvalidInput,
+            format!("heartbeatMs must be between 1 and {MAX_HEARTBEAT_MS}"),
+        ));
+    }
+    if opts.rtt_ms > MAX_RTT_MS {
+        return Err(std::io::Error::new(
+            std::io::ErrorKind::InvalidInput,
+            format!("rttMs must be at most {MAX_RTT_MS}"),
+        ));
     }
     let instance = format!("emu{}", &uuid::Uuid::new_v4().simple().to_string()[..12]);
     let tls = if opts.tls { Some(tls::make(&instance, opts.http2)?) } else { None };

@@ -309,7 +309,48 @@ async fn held_headers_come_with_the_first_heartbeat() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn heartbeat_ms_zero_is_refused() {
-    let err = createos_test_support::emulator::start(EmulatorOptions { heartbeat_ms: 0, ..unlimited() }).await;
-    assert!(err.is_err());
+async fn out_of_range_heartbeat_or_rtt_is_refused() {
+    for o in [
+        EmulatorOptions { heartbeat_ms: 0, ..unlimited() },
+        EmulatorOptions { heartbeat_ms: u64::MAX, ..unlimited() },
+        EmulatorOptions { rtt_ms: 60_001, ..unlimited() },
+    ] {
+        let err = createos_test_support::emulator::start(o).await.err().expect("refused");
+        assert_eq!(err.kind(), std::io::ErrorKind::InvalidInput, "{err}");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn drop_after_frames_over_h2_resets_the_stream_after_the_frames() {
+    with_emulator(EmulatorOptions { rtt_ms: 10, ..tls_opts() }, |emu| async move {
+        let c = client(&emu, false);
+        let sb = sandbox(&c, &emu).await;
+        let pid = spawn(&c, &emu, &sb, "for i in 1 2 3 4 5; do echo $i; sleep 0.03; done").await;
+        let w = get(&c, &emu, &format!("/sandboxes/{sb}/processes/{pid}/wait?scope=tree&timeout_ms=5000")).send();
+        assert_eq!(w.await.unwrap().status(), 200);
+        emu.add_fault(
+            FaultRule::from_json(r#"{"route":"connect","times":1,"action":{"kind":"dropAfterFrames","frames":2}}"#)
+                .unwrap(),
+        );
+        let mut r = get(&c, &emu, &format!("/sandboxes/{sb}/processes/{pid}/connect")).send().await.unwrap();
+        assert_eq!((r.status().as_u16(), r.version()), (200, Version::HTTP_2));
+        let mut got = Vec::new();
+        let errored = loop {
+            match r.chunk().await {
+                Ok(Some(b)) => got.extend_from_slice(&b),
+                Ok(None) => break false,
+                Err(_) => break true,
+            }
+        };
+        assert!(errored, "the stream must end abruptly");
+        let seqs: Vec<u64> = ndjson(&got).iter().map(|l| l["seq"].as_u64().unwrap()).collect();
+        assert_eq!(seqs, [1, 2]);
+        // The stream was reset, not the connection: the replay goes over the same one.
+        let body = get(&c, &emu, &format!("/sandboxes/{sb}/processes/{pid}/connect?after=2")).send().await.unwrap();
+        let frames = ndjson(&body.bytes().await.unwrap());
+        let seqs: Vec<u64> = frames.iter().filter_map(|l| l["seq"].as_u64()).collect();
+        assert_eq!(seqs, [3, 4, 5]);
+        assert_eq!(emu.connections(), 1);
+    })
+    .await;
 }
