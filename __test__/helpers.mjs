@@ -20,8 +20,12 @@ export const TERMINATION_UNCONFIRMED = 'CreateOS command cleanup failed; process
 export const CREATION_UNCONFIRMED = 'CreateOS process creation could not be confirmed; destroy the lease before reusing it.'
 export const MARK_VAR = 'CREATEOS_EMULATOR_MARK'
 
-/** Where every test file leaves the pids and emulator instances it saw, for zz-no-survivors. */
-export const RECORD_DIR = join(tmpdir(), 'createos-execute-test-records')
+/**
+ * Where every test file leaves the pids and emulator instances it saw, for zz-no-survivors:
+ * one directory per checkout (scripts/test-js.mjs sets it), so two runs on one machine do not
+ * read or wipe each other's records.
+ */
+export const RECORD_DIR = process.env.CREATEOS_TEST_RECORDS || join(tmpdir(), 'createos-execute-test-records')
 
 // ---------------------------------------------------------------------------
 // Request log classification by method + path (independent of route names).

@@ -3,6 +3,7 @@
 // that no process any emulator of the run started is still alive.
 // Extra arguments are passed to `node --test` (e.g. --test-name-pattern=...).
 import { spawnSync } from 'node:child_process'
+import { createHash } from 'node:crypto'
 import { readdirSync, rmSync } from 'node:fs'
 import { join, dirname } from 'node:path'
 import { tmpdir } from 'node:os'
@@ -14,7 +15,10 @@ const extra = process.argv.slice(2)
 const only = extra.filter((a) => !a.startsWith('-'))
 const flags = extra.filter((a) => a.startsWith('-'))
 
-rmSync(join(tmpdir(), 'createos-execute-test-records'), { recursive: true, force: true })
+// One record directory per checkout (see __test__/helpers.mjs RECORD_DIR).
+const records = join(tmpdir(), `createos-execute-test-records-${createHash('sha256').update(root).digest('hex').slice(0, 12)}`)
+process.env.CREATEOS_TEST_RECORDS = records
+rmSync(records, { recursive: true, force: true })
 
 const files = only.length
   ? only
