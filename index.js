@@ -87,7 +87,8 @@ function toError(e) {
     }
     default: {
       const error = new Error(message)
-      error.code = 'CREATEOS_ERROR'
+      // Errors with a code of their own: CREATEOS_TLS_UNTRUSTED, CREATEOS_NOT_STARTED.
+      error.code = typeof err.code === 'string' ? err.code : 'CREATEOS_ERROR'
       return error
     }
   }

@@ -71,7 +71,10 @@ fn error_json(e: &Error) -> Value {
         Error::Cancelled => json!({ "kind": "cancelled", "message": message }),
         Error::TimedOut => json!({ "kind": "aborted", "timedOut": true, "message": message }),
         Error::Input(_) => json!({ "kind": "input", "message": message }),
-        _ => json!({ "kind": "error", "message": message }),
+        _ => match e.code() {
+            Some(code) => json!({ "kind": "error", "code": code, "message": message }),
+            None => json!({ "kind": "error", "message": message }),
+        },
     }
 }
 

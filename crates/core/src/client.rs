@@ -1,4 +1,5 @@
-//! HTTP to the CreateOS API: one `reqwest::Client` per process (rustls, no redirects), the
+//! HTTP to the CreateOS API: one `reqwest::Client` per (proxy, trust) configuration and
+//! process (rustls, no redirects, Node's proxy and trust rules: `net.rs`), the
 //! `X-Api-Key` header, the JSend envelope, typed errors with fixed operation labels, the
 //! pacer, and the retry rules.
 //!
@@ -11,7 +12,7 @@
 //! - 502, 504 and failed connections only for GET/PUT/DELETE (idempotent), and never for
 //!   streams, whose reconnects `follow.rs` owns.
 
-use std::sync::{Arc, OnceLock};
+use std::sync::Arc;
 use std::time::Duration;
 
 use bytes::Bytes;
@@ -24,6 +25,7 @@ use tokio::time::Instant;
 
 use crate::abort::Ctx;
 use crate::error::{Error, Operation, Result};
+use crate::net;
 use crate::pacer::{self, Pacer, PacingMode};
 
 pub const MAX_RETRIES: u32 = 3;
@@ -57,21 +59,12 @@ pub enum Body {
     Bytes(Bytes),
 }
 
-fn shared_http() -> Result<reqwest::Client> {
-    static HTTP: OnceLock<std::result::Result<reqwest::Client, ()>> = OnceLock::new();
-    HTTP.get_or_init(|| {
-        reqwest::Client::builder()
-            .redirect(reqwest::redirect::Policy::none())
-            .connect_timeout(Duration::from_secs(30))
-            .pool_idle_timeout(Duration::from_secs(30))
-            .tcp_nodelay(true)
-            .https_only(false)
-            .user_agent(concat!("createos-execute/", env!("CARGO_PKG_VERSION")))
-            .build()
-            .map_err(|_| ())
-    })
-    .clone()
-    .map_err(|_| Error::Internal("the HTTP client could not be built"))
+/// How a client reaches the API: an explicit proxy and extra trusted roots (the process's
+/// environment adds its own, see `net.rs`).
+#[derive(Debug, Clone, Default)]
+pub struct NetOptions {
+    pub proxy: Option<net::ProxyUrl>,
+    pub ca_cert_pem: Option<String>,
 }
 
 /// Checks an API URL and returns its origin (`scheme://host[:port]`): HTTPS, or HTTP on
@@ -108,13 +101,21 @@ pub struct Client {
 }
 
 impl Client {
-    pub fn new(api_url: &str, api_key: &str, request_timeout: Duration, pacing: Option<PacingMode>) -> Result<Self> {
+    pub fn new(
+        api_url: &str,
+        api_key: &str,
+        request_timeout: Duration,
+        pacing: Option<PacingMode>,
+        net_opts: &NetOptions,
+    ) -> Result<Self> {
         let origin = api_origin(api_url)?;
         if api_key.trim().is_empty() || api_key.contains(['\r', '\n', '\0']) {
             return Err(Error::Input(INVALID_KEY));
         }
+        let target = url::Url::parse(&origin).map_err(|_| Error::Input(INVALID_URL))?;
+        let proxy = net::choose_proxy(net_opts.proxy.as_ref(), net::NetEnv::process(), &target)?;
         Ok(Client {
-            http: shared_http()?,
+            http: net::http_client(proxy.as_ref(), net_opts.ca_cert_pem.as_deref())?,
             pacer: pacer::for_origin(&origin, pacing),
             base: format!("{origin}/v1"),
             key: SecretString::from(api_key.to_owned()),
@@ -152,7 +153,7 @@ impl Client {
                 .body(serde_json::to_vec(v).map_err(|_| Error::Internal("a request body could not be encoded"))?),
             Body::Bytes(b) => req.header(CONTENT_TYPE, "application/octet-stream").body(b.clone()),
         };
-        let send = async { req.send().await.map_err(|e| Error::Connection { op, maybe_sent: !e.is_connect() }) };
+        let send = async { req.send().await.map_err(|e| send_error(&e, op)) };
         let resp = match timeout {
             Some(t) => {
                 ctx.run(async {
@@ -209,7 +210,9 @@ impl Client {
                 Ok(_) => return (result, true),
                 Err(Error::Api { status, .. }) => *status >= 500,
                 Err(Error::Connection { maybe_sent, .. }) => *maybe_sent,
-                Err(Error::Redirect { .. } | Error::Input(_) | Error::Internal(_)) => false,
+                Err(
+                    Error::Redirect { .. } | Error::Input(_) | Error::Internal(_) | Error::UntrustedCertificate { .. },
+                ) => false,
                 Err(_) => true, // an abort in flight, or a 2xx whose body broke
             };
             attempt += 1;
@@ -309,6 +312,14 @@ impl Client {
         drop(resp);
         Ok(())
     }
+}
+
+/// A failed send: an untrusted certificate (nothing was sent), or a lost connection.
+fn send_error(e: &reqwest::Error, op: Operation) -> Error {
+    if net::is_untrusted_certificate(e) {
+        return Error::UntrustedCertificate { op };
+    }
+    Error::Connection { op, maybe_sent: !e.is_connect() }
 }
 
 fn retryable(err: &Error, method: &Method, retry: Retry) -> bool {

@@ -7,9 +7,10 @@ use std::time::Duration;
 use serde_json::{Map, Value};
 
 use crate::cleanup::CleanupPolicy;
-use crate::client::{self, Client};
+use crate::client::{self, Client, NetOptions};
 use crate::error::{Error, Result};
 use crate::follow::FollowOptions;
+use crate::net;
 use crate::pacer::PacingMode;
 use crate::script;
 
@@ -46,12 +47,33 @@ pub struct Config {
     pub cleanup: CleanupPolicy,
     pub leftover: Leftover,
     pub follow: FollowOptions,
+    /// `proxy` and `caCertPem` (see `net.rs`).
+    pub net: NetOptions,
 }
 
 impl Config {
     pub fn client(&self) -> Result<Client> {
-        Client::new(&self.api_url, &self.api_key, self.timeout, self.pacing)
+        Client::new(&self.api_url, &self.api_key, self.timeout, self.pacing, &self.net)
     }
+}
+
+/// `proxy` (an `http://` or `https://` URL; needs an `https://` apiUrl) and `caCertPem` (a PEM
+/// string with at least one certificate).
+fn parse_net(m: &Map<String, Value>, api_url: &str) -> Result<NetOptions> {
+    let proxy = match opt(m, "proxy") {
+        None => None,
+        Some(Value::String(s)) => Some(net::ProxyUrl::parse(s).ok_or(Error::Input(net::INVALID_PROXY))?),
+        Some(_) => return Err(Error::Input(net::INVALID_PROXY)),
+    };
+    if proxy.is_some() && !api_url.trim().to_ascii_lowercase().starts_with("https:") {
+        return Err(Error::Input(net::PROXY_NEEDS_HTTPS));
+    }
+    let ca_cert_pem = match opt(m, "caCertPem") {
+        None => None,
+        Some(Value::String(s)) if net::pem_certificates(s.as_bytes()).is_some() => Some(s.clone()),
+        Some(_) => return Err(Error::Input(net::INVALID_CA_PEM)),
+    };
+    Ok(NetOptions { proxy, ca_cert_pem })
 }
 
 fn integer(v: &Value, min: u64, max: u64) -> Option<u64> {
@@ -118,7 +140,9 @@ pub fn parse_config(v: &Value) -> Result<Config> {
     if let Some(i) = opt(m, "streamIdleTimeoutMs") {
         follow.idle_timeout = Duration::from_millis(integer(i, 1000, 3_600_000).ok_or(Error::Input(INVALID_IDLE))?);
     }
+    let net = parse_net(m, api_url)?;
     Ok(Config {
+        net,
         api_url: api_url.to_owned(),
         api_key,
         timeout: Duration::from_millis(timeout_ms),
@@ -222,6 +246,23 @@ mod tests {
         let c = parse_config(&json!({"apiUrl": "https://x.io", "pacing": {"intervalMs": 300}, "cleanupGraceMs": [100, 200], "legacyCleanup": true})).unwrap();
         assert_eq!(c.pacing, Some(PacingMode::Spacing { interval: Duration::from_millis(300) }));
         assert!(c.cleanup.legacy);
+    }
+
+    #[test]
+    fn proxy_and_ca_fields() {
+        let c = parse_config(&json!({"apiUrl": "https://x.io", "proxy": "http://u:p@proxy:3128"})).unwrap();
+        assert!(c.net.proxy.is_some());
+        let bad = |v: Value| match parse_config(&v) {
+            Err(Error::Input(m)) => m,
+            _ => panic!("{v}"),
+        };
+        assert_eq!(bad(json!({"apiUrl": "https://x.io", "proxy": "socks5://p:1"})), net::INVALID_PROXY);
+        assert_eq!(bad(json!({"apiUrl": "https://x.io", "proxy": 5})), net::INVALID_PROXY);
+        assert_eq!(bad(json!({"apiUrl": "http://127.0.0.1:1", "proxy": "http://p:1"})), net::PROXY_NEEDS_HTTPS);
+        assert_eq!(bad(json!({"apiUrl": "https://x.io", "caCertPem": "nope"})), net::INVALID_CA_PEM);
+        assert_eq!(bad(json!({"apiUrl": "https://x.io", "caCertPem": 1})), net::INVALID_CA_PEM);
+        let c = parse_config(&json!({"apiUrl": "https://x.io", "proxy": null, "caCertPem": null})).unwrap();
+        assert!(c.net.proxy.is_none() && c.net.ca_cert_pem.is_none());
     }
 
     #[test]

@@ -80,6 +80,8 @@ pub const CREATION_UNCONFIRMED: &str =
     "CreateOS process creation could not be confirmed; destroy the lease before reusing it.";
 pub const TERMINATION_UNCONFIRMED: &str = "CreateOS command cleanup failed; process termination is unconfirmed.";
 pub const CANCELLED: &str = "CreateOS command was cancelled.";
+pub const UNTRUSTED_CERTIFICATE: &str = "CreateOS TLS certificate is not trusted.";
+pub const NOT_STARTED: &str = "CreateOS command did not start; its start gate could not be opened.";
 
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
@@ -92,6 +94,16 @@ pub enum Error {
     /// No usable answer: the connection failed, was reset, or timed out.
     #[error("CreateOS connection failed.")]
     Connection { op: Operation, maybe_sent: bool },
+    /// The server's TLS certificate did not verify against the trusted roots (bundled web
+    /// roots, `NODE_EXTRA_CA_CERTS`, the system store with `NODE_USE_SYSTEM_CA=1`,
+    /// `caCertPem`). Nothing was sent: the handshake failed before any request byte.
+    #[error("CreateOS TLS certificate is not trusted.")]
+    UntrustedCertificate { op: Operation },
+    /// The command never ran: its start gate could not be opened (the gate upload failed
+    /// with an answer that proves it was not written, or the gate deadline passed first).
+    /// Its process was ended and proven gone before this is returned.
+    #[error("CreateOS command did not start; its start gate could not be opened.")]
+    NotStarted,
     /// A 3xx answer. Redirects are refused, never followed.
     #[error("CreateOS answered with a redirect, which is refused.")]
     Redirect { op: Operation },
@@ -129,6 +141,15 @@ impl Error {
         }
     }
 
+    /// The JS `code` of errors that have their own (index.js uses `CREATEOS_ERROR` otherwise).
+    pub fn code(&self) -> Option<&'static str> {
+        match self {
+            Error::UntrustedCertificate { .. } => Some("CREATEOS_TLS_UNTRUSTED"),
+            Error::NotStarted => Some("CREATEOS_NOT_STARTED"),
+            _ => None,
+        }
+    }
+
     /// True when the caller's signal ended the work (timed out or cancelled).
     pub fn is_abort(&self) -> bool {
         matches!(self, Error::Cancelled | Error::TimedOut)
@@ -153,5 +174,8 @@ mod tests {
         };
         assert_eq!(Error::Cleanup(Box::new(report)).to_string(), TERMINATION_UNCONFIRMED);
         assert_eq!(Error::Cancelled.to_string(), CANCELLED);
+        assert_eq!(Error::UntrustedCertificate { op: Operation::ProcessCreation }.to_string(), UNTRUSTED_CERTIFICATE);
+        assert_eq!(Error::NotStarted.to_string(), NOT_STARTED);
+        assert_eq!(Error::NotStarted.code(), Some("CREATEOS_NOT_STARTED"));
     }
 }

@@ -1,0 +1,483 @@
+//! Node's network conventions: which proxy a request goes through, which certificates are
+//! trusted, and one HTTP client per distinct (proxy, trust) configuration.
+//!
+//! **Proxies.** reqwest never reads the environment by itself (`no_proxy()`). A proxy is used
+//! only when
+//! - the host passes `config.proxy` (explicit: used for every target, loopback included, and
+//!   `NO_PROXY` does not apply), or
+//! - `NODE_USE_ENV_PROXY=1` (Node ≥ 24's switch; we honour it on every Node version), with
+//!   the rules of Node's `fetch` (undici's `EnvHttpProxyAgent`, what the TypeScript module
+//!   used): an `https` target takes `https_proxy ?? HTTPS_PROXY`, else `http_proxy ??
+//!   HTTP_PROXY` (the lowercase name wins when both are set, even when it is empty);
+//!   `no_proxy ?? NO_PROXY` is a comma- or space-separated list of `host[:port]` entries,
+//!   `*` bypasses every host, an entry starting with `.` or `*` matches by suffix, any other
+//!   entry exactly. `ALL_PROXY` is not read (Node does not read it either).
+//!
+//! Two deliberate differences from Node, both safer: a loopback target (`localhost`,
+//! `*.localhost`, `127.0.0.0/8`, `::1`) is never proxied from the environment, and an
+//! environment proxy whose URL is not `http://` or `https://` (e.g. `socks5://`) or does not
+//! parse is ignored (Node would fail the request). An explicit `config.proxy` of another
+//! scheme is an input error.
+//!
+//! HTTPS goes through a proxy only as a `CONNECT` tunnel, so the key never crosses a proxy in
+//! clear text: plain-HTTP targets (allowed on loopback only) are never proxied from the
+//! environment, and an explicit proxy with a plain-HTTP `apiUrl` is an input error. Proxy
+//! credentials (`http://user:pass@host`) are sent as `Proxy-Authorization` to the proxy only
+//! and are secrets like the key: [`ProxyUrl`] never formats.
+//!
+//! **Trust.** The bundled web roots (webpki-roots), plus every certificate of the PEM bundle
+//! named by `NODE_EXTRA_CA_CERTS`, plus the system store (rustls-native-certs) when
+//! `NODE_USE_SYSTEM_CA=1`, plus `config.caCertPem`. As in Node, the environment is read once
+//! per process; a `NODE_EXTRA_CA_CERTS` file that cannot be read or parsed is ignored (Node
+//! itself already printed a warning about it at start-up). A certificate that does not verify
+//! is its own error, [`Error::UntrustedCertificate`](crate::error::Error::UntrustedCertificate).
+//!
+//! **HTTP/2.** ALPN offers `h2` and `http/1.1`. A stream's flow-control window is 1 MiB and
+//! the connection's 32 MiB: a stream whose reader stalls (a slow `log`) holds at most its own
+//! 1 MiB of the connection's window, so up to 32 stalled streams cannot stall the others.
+
+use std::collections::HashMap;
+use std::fmt;
+use std::net::IpAddr;
+use std::sync::{Mutex, OnceLock};
+use std::time::Duration;
+
+use crate::error::{Error, Result};
+
+pub const INVALID_PROXY: &str = "proxy must be an http:// or https:// proxy URL.";
+pub const PROXY_NEEDS_HTTPS: &str =
+    "proxy requires an https:// apiUrl: the API key never crosses a proxy in clear text.";
+pub const INVALID_CA_PEM: &str = "caCertPem must be a PEM string with at least one certificate.";
+
+/// HTTP/2 flow-control windows (see the module doc).
+pub const H2_STREAM_WINDOW: u32 = 1024 * 1024;
+pub const H2_CONNECTION_WINDOW: u32 = 32 * 1024 * 1024;
+/// Idle connections are kept this long, so a later command's gate finds a warm one.
+pub const POOL_IDLE: Duration = Duration::from_secs(90);
+/// At most this many distinct (proxy, trust) clients are cached; beyond, clients are built per call.
+const MAX_CACHED_CLIENTS: usize = 32;
+
+/// The environment variables this module reads.
+pub const ENV_VARS: [&str; 9] = [
+    "NODE_USE_ENV_PROXY",
+    "https_proxy",
+    "HTTPS_PROXY",
+    "http_proxy",
+    "HTTP_PROXY",
+    "no_proxy",
+    "NO_PROXY",
+    "NODE_EXTRA_CA_CERTS",
+    "NODE_USE_SYSTEM_CA",
+];
+
+/// A proxy URL. It may hold credentials, so it never formats.
+#[derive(Clone, PartialEq, Eq, Hash)]
+pub struct ProxyUrl(String);
+
+impl fmt::Debug for ProxyUrl {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("ProxyUrl(<redacted>)")
+    }
+}
+
+impl ProxyUrl {
+    /// `http://` or `https://`, with a host; no query or fragment.
+    pub fn parse(s: &str) -> Option<ProxyUrl> {
+        let url = url::Url::parse(s.trim()).ok()?;
+        let ok = matches!(url.scheme(), "http" | "https")
+            && url.host_str().is_some_and(|h| !h.is_empty())
+            && url.query().is_none()
+            && url.fragment().is_none();
+        ok.then(|| ProxyUrl(url.as_str().to_owned()))
+    }
+}
+
+/// The variables of [`ENV_VARS`] that are set (a snapshot; tests build their own).
+#[derive(Debug, Clone, Default)]
+pub struct NetEnv(HashMap<String, String>);
+
+impl NetEnv {
+    pub fn from_pairs<'a>(pairs: impl IntoIterator<Item = (&'a str, &'a str)>) -> Self {
+        NetEnv(pairs.into_iter().map(|(k, v)| (k.to_owned(), v.to_owned())).collect())
+    }
+
+    /// This process's environment, read once (as Node does).
+    pub fn process() -> &'static NetEnv {
+        static ENV: OnceLock<NetEnv> = OnceLock::new();
+        ENV.get_or_init(|| {
+            NetEnv(ENV_VARS.iter().filter_map(|k| std::env::var(k).ok().map(|v| ((*k).to_owned(), v))).collect())
+        })
+    }
+
+    fn get(&self, k: &str) -> Option<&str> {
+        self.0.get(k).map(String::as_str)
+    }
+
+    /// `a ?? b`: the first variable that is set, even when empty.
+    fn first_set(&self, a: &str, b: &str) -> Option<&str> {
+        self.get(a).or_else(|| self.get(b))
+    }
+
+    pub fn use_env_proxy(&self) -> bool {
+        self.get("NODE_USE_ENV_PROXY") == Some("1")
+    }
+
+    pub fn use_system_ca(&self) -> bool {
+        self.get("NODE_USE_SYSTEM_CA") == Some("1")
+    }
+
+    pub fn extra_ca_file(&self) -> Option<&str> {
+        self.get("NODE_EXTRA_CA_CERTS").filter(|p| !p.is_empty())
+    }
+}
+
+/// Loopback: `localhost`, `*.localhost`, `127.0.0.0/8`, `::1` (and `::ffff:127.x`).
+pub fn is_loopback(host: &url::Host<&str>) -> bool {
+    match host {
+        url::Host::Domain(d) => {
+            let d = d.trim_end_matches('.').to_ascii_lowercase();
+            d == "localhost" || d.ends_with(".localhost")
+        }
+        url::Host::Ipv4(ip) => is_loopback_ip(IpAddr::V4(*ip)),
+        url::Host::Ipv6(ip) => is_loopback_ip(IpAddr::V6(*ip)),
+    }
+}
+
+/// undici's `NO_PROXY` rule: true when `host:port` must not be proxied. `host` is lowercase,
+/// IPv6 in brackets (as in a URL's host).
+pub fn no_proxy_matches(no_proxy: &str, host: &str, port: u16) -> bool {
+    if no_proxy == "*" {
+        return true;
+    }
+    for entry in no_proxy.split([',', ' ', '\t', '\n', '\r']).filter(|e| !e.is_empty()) {
+        let (name, entry_port) = match entry.rsplit_once(':') {
+            Some((h, p)) if !h.is_empty() && !p.is_empty() && p.bytes().all(|b| b.is_ascii_digit()) => {
+                (h, p.parse::<u32>().unwrap_or(u32::MAX))
+            }
+            _ => (entry, 0),
+        };
+        if entry_port != 0 && entry_port != u32::from(port) {
+            continue;
+        }
+        let name = name.to_ascii_lowercase();
+        if name.starts_with(['.', '*']) {
+            if host.ends_with(name.trim_start_matches('*')) {
+                return true;
+            }
+        } else if host == name {
+            return true;
+        }
+    }
+    false
+}
+
+/// The proxy the environment names for `target`, if Node's rules (plus ours: never for
+/// loopback, never for plain HTTP, only `http`/`https` proxy URLs) say to use one.
+pub fn env_proxy(env: &NetEnv, target: &url::Url) -> Option<ProxyUrl> {
+    if !env.use_env_proxy() || target.scheme() != "https" {
+        return None;
+    }
+    let host = target.host()?;
+    if is_loopback(&host) {
+        return None;
+    }
+    let raw = env
+        .first_set("https_proxy", "HTTPS_PROXY")
+        .filter(|v| !v.is_empty())
+        .or_else(|| env.first_set("http_proxy", "HTTP_PROXY"))
+        .filter(|v| !v.is_empty())?;
+    let host_text = match host {
+        url::Host::Ipv6(ip) => format!("[{ip}]"),
+        h => h.to_string().to_ascii_lowercase(),
+    };
+    let port = target.port_or_known_default().unwrap_or(443);
+    if no_proxy_matches(env.first_set("no_proxy", "NO_PROXY").unwrap_or(""), &host_text, port) {
+        return None;
+    }
+    ProxyUrl::parse(raw)
+}
+
+/// The proxy for `target`: the explicit one (which needs an HTTPS target), else the
+/// environment's.
+pub fn choose_proxy(explicit: Option<&ProxyUrl>, env: &NetEnv, target: &url::Url) -> Result<Option<ProxyUrl>> {
+    match explicit {
+        Some(_) if target.scheme() != "https" => Err(Error::Input(PROXY_NEEDS_HTTPS)),
+        Some(p) => Ok(Some(p.clone())),
+        None => Ok(env_proxy(env, target)),
+    }
+}
+
+/// The certificates of a PEM text (at least one), or `None`.
+pub fn pem_certificates(pem: &[u8]) -> Option<Vec<reqwest::Certificate>> {
+    let certs = reqwest::Certificate::from_pem_bundle(pem).ok()?;
+    (!certs.is_empty()).then_some(certs)
+}
+
+/// The extra roots the environment asks for, loaded once per process.
+fn env_roots() -> &'static [reqwest::Certificate] {
+    static ROOTS: OnceLock<Vec<reqwest::Certificate>> = OnceLock::new();
+    ROOTS.get_or_init(|| {
+        let env = NetEnv::process();
+        let mut roots = Vec::new();
+        if let Some(path) = env.extra_ca_file() {
+            if let Some(certs) = std::fs::read(path).ok().as_deref().and_then(pem_certificates) {
+                roots.extend(certs);
+            }
+        }
+        if env.use_system_ca() {
+            for der in rustls_native_certs::load_native_certs().certs {
+                // Keep only what rustls accepts as a root, so one odd system certificate
+                // cannot make the whole client unbuildable.
+                if rustls::RootCertStore::empty().add(der.clone()).is_ok() {
+                    if let Ok(c) = reqwest::Certificate::from_der(&der) {
+                        roots.push(c);
+                    }
+                }
+            }
+        }
+        roots
+    })
+}
+
+#[derive(PartialEq, Eq, Hash)]
+struct Key {
+    proxy: Option<ProxyUrl>,
+    ca_pem: Option<String>,
+}
+
+fn build(key: &Key) -> Result<reqwest::Client> {
+    const FAILED: Error = Error::Internal("the HTTP client could not be built");
+    let mut b = reqwest::Client::builder()
+        .no_proxy()
+        .redirect(reqwest::redirect::Policy::none())
+        .connect_timeout(Duration::from_secs(30))
+        .pool_idle_timeout(POOL_IDLE)
+        .tcp_nodelay(true)
+        .https_only(false)
+        .user_agent(concat!("createos-execute/", env!("CARGO_PKG_VERSION")))
+        .tls_built_in_root_certs(true)
+        .http2_adaptive_window(false)
+        .http2_initial_stream_window_size(H2_STREAM_WINDOW)
+        .http2_initial_connection_window_size(H2_CONNECTION_WINDOW);
+    for c in env_roots() {
+        b = b.add_root_certificate(c.clone());
+    }
+    if let Some(pem) = &key.ca_pem {
+        for c in pem_certificates(pem.as_bytes()).ok_or(Error::Input(INVALID_CA_PEM))? {
+            b = b.add_root_certificate(c);
+        }
+    }
+    if let Some(p) = &key.proxy {
+        b = b.proxy(reqwest::Proxy::all(p.0.as_str()).map_err(|_| Error::Input(INVALID_PROXY))?);
+    }
+    b.build().map_err(|_| FAILED)
+}
+
+/// The process's HTTP client for this (proxy, trust) configuration.
+pub fn http_client(proxy: Option<&ProxyUrl>, ca_pem: Option<&str>) -> Result<reqwest::Client> {
+    static CLIENTS: OnceLock<Mutex<HashMap<Key, reqwest::Client>>> = OnceLock::new();
+    let key = Key { proxy: proxy.cloned(), ca_pem: ca_pem.map(str::to_owned) };
+    let map = CLIENTS.get_or_init(Default::default);
+    if let Some(c) = map.lock().unwrap_or_else(std::sync::PoisonError::into_inner).get(&key) {
+        return Ok(c.clone());
+    }
+    let client = build(&key)?;
+    let mut m = map.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+    if let Some(c) = m.get(&key) {
+        return Ok(c.clone());
+    }
+    if m.len() < MAX_CACHED_CLIENTS {
+        m.insert(key, client.clone());
+    }
+    Ok(client)
+}
+
+/// True when a request failed because the server's certificate did not verify.
+pub fn is_untrusted_certificate(err: &(dyn std::error::Error + 'static)) -> bool {
+    fn rustls_says(e: &(dyn std::error::Error + 'static)) -> Option<bool> {
+        let r = e.downcast_ref::<rustls::Error>()?;
+        Some(matches!(r, rustls::Error::InvalidCertificate(_)))
+    }
+    let mut cur: Option<&(dyn std::error::Error + 'static)> = Some(err);
+    for _ in 0..32 {
+        let Some(e) = cur else { break };
+        if let Some(v) = rustls_says(e) {
+            return v;
+        }
+        // io::Error's `source()` skips the error it wraps: look inside it too.
+        if let Some(inner) = e.downcast_ref::<std::io::Error>().and_then(std::io::Error::get_ref) {
+            if let Some(v) = rustls_says(inner) {
+                return v;
+            }
+        }
+        cur = e.source();
+    }
+    false
+}
+
+/// Whether an IP literal is loopback (for callers holding an `IpAddr`).
+pub fn is_loopback_ip(ip: IpAddr) -> bool {
+    match ip {
+        IpAddr::V4(v4) => v4.is_loopback(),
+        IpAddr::V6(v6) => v6.is_loopback() || v6.to_ipv4_mapped().is_some_and(|v4| v4.is_loopback()),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn url(s: &str) -> url::Url {
+        url::Url::parse(s).unwrap()
+    }
+
+    fn env(pairs: &[(&str, &str)]) -> NetEnv {
+        NetEnv::from_pairs(pairs.iter().copied())
+    }
+
+    const ALL_DEAD: [(&str, &str); 6] = [
+        ("HTTP_PROXY", "http://127.0.0.1:9"),
+        ("http_proxy", "http://127.0.0.1:9"),
+        ("HTTPS_PROXY", "http://127.0.0.1:9"),
+        ("https_proxy", "http://127.0.0.1:9"),
+        ("ALL_PROXY", "socks5://127.0.0.1:9"),
+        ("all_proxy", "socks5://127.0.0.1:9"),
+    ];
+
+    #[test]
+    fn without_node_use_env_proxy_nothing_comes_from_the_environment() {
+        let e = env(&ALL_DEAD);
+        assert_eq!(env_proxy(&e, &url("https://api.example.com")), None);
+        let e = env(&[("HTTPS_PROXY", "http://p:1"), ("NODE_USE_ENV_PROXY", "true")]);
+        assert_eq!(env_proxy(&e, &url("https://api.example.com")), None, "only the value 1 turns it on");
+    }
+
+    #[test]
+    fn https_proxy_then_http_proxy_lowercase_first() {
+        let on = ("NODE_USE_ENV_PROXY", "1");
+        let t = url("https://api.example.com");
+        let p = |s: &str| ProxyUrl::parse(s);
+        assert_eq!(env_proxy(&env(&[on, ("HTTPS_PROXY", "http://a:1")]), &t), p("http://a:1"));
+        assert_eq!(
+            env_proxy(&env(&[on, ("https_proxy", "http://b:1"), ("HTTPS_PROXY", "http://a:1")]), &t),
+            p("http://b:1")
+        );
+        assert_eq!(
+            env_proxy(&env(&[on, ("HTTP_PROXY", "http://c:1")]), &t),
+            p("http://c:1"),
+            "http_proxy serves https too"
+        );
+        assert_eq!(
+            env_proxy(&env(&[on, ("https_proxy", ""), ("HTTPS_PROXY", "http://a:1")]), &t),
+            None,
+            "?? : an empty lowercase wins"
+        );
+        assert_eq!(
+            env_proxy(&env(&[on, ("https_proxy", ""), ("HTTP_PROXY", "http://c:1")]), &t),
+            p("http://c:1"),
+            "an empty https proxy falls back to the http one"
+        );
+        assert_eq!(env_proxy(&env(&[on, ("ALL_PROXY", "http://a:1")]), &t), None, "ALL_PROXY is not read");
+    }
+
+    #[test]
+    fn loopback_and_plain_http_are_never_proxied_from_the_environment() {
+        let mut pairs = ALL_DEAD.to_vec();
+        pairs.push(("NODE_USE_ENV_PROXY", "1"));
+        let e = env(&pairs);
+        for t in [
+            "http://127.0.0.1:8080",
+            "https://127.0.0.1:8443",
+            "https://localhost:1",
+            "https://a.localhost",
+            "https://[::1]:9",
+            "https://127.8.0.1",
+            "http://localhost:1",
+        ] {
+            assert_eq!(env_proxy(&e, &url(t)), None, "{t}");
+        }
+        assert!(env_proxy(&e, &url("https://createos.test:4443")).is_some());
+    }
+
+    #[test]
+    fn unsupported_environment_proxies_are_ignored() {
+        let on = ("NODE_USE_ENV_PROXY", "1");
+        let t = url("https://api.example.com");
+        for bad in ["socks5://127.0.0.1:1080", "socks5h://x:1", "not a url", "ftp://x:1", "http://x:1/?q=1"] {
+            assert_eq!(env_proxy(&env(&[on, ("HTTPS_PROXY", bad)]), &t), None, "{bad}");
+        }
+    }
+
+    #[test]
+    fn no_proxy_follows_undici() {
+        assert!(no_proxy_matches("*", "a.b", 443));
+        assert!(no_proxy_matches("x.com, *", "a.b", 443));
+        assert!(no_proxy_matches("a.b", "a.b", 443));
+        assert!(!no_proxy_matches("a.b", "x.a.b", 443), "exact entries do not match subdomains");
+        assert!(no_proxy_matches(".a.b", "x.a.b", 443));
+        assert!(!no_proxy_matches(".a.b", "a.b", 443), "a leading dot needs a subdomain");
+        assert!(no_proxy_matches("*.a.b", "x.a.b", 443));
+        assert!(no_proxy_matches("*a.b", "xa.b", 443));
+        assert!(no_proxy_matches("a.b:443", "a.b", 443));
+        assert!(!no_proxy_matches("a.b:8443", "a.b", 443));
+        assert!(no_proxy_matches("x y\ta.b", "a.b", 443), "spaces separate too");
+        assert!(no_proxy_matches("A.B", "a.b", 443), "case-insensitive");
+        assert!(no_proxy_matches("[::2]:443", "[::2]", 443));
+        assert!(!no_proxy_matches("", "a.b", 443));
+        let e = env(&[
+            ("NODE_USE_ENV_PROXY", "1"),
+            ("HTTPS_PROXY", "http://p:1"),
+            ("no_proxy", "example.com"),
+            ("NO_PROXY", "*"),
+        ]);
+        assert!(env_proxy(&e, &url("https://api.example.com")).is_some(), "no_proxy wins over NO_PROXY");
+        assert_eq!(env_proxy(&e, &url("https://example.com")), None);
+        let e = env(&[("NODE_USE_ENV_PROXY", "1"), ("HTTPS_PROXY", "http://p:1"), ("NO_PROXY", "example.com:8443")]);
+        assert_eq!(env_proxy(&e, &url("https://example.com:8443")), None);
+        assert!(env_proxy(&e, &url("https://example.com")).is_some(), "the default port is 443");
+    }
+
+    #[test]
+    fn explicit_proxy_applies_everywhere_but_only_to_https() {
+        let p = ProxyUrl::parse("http://user:secret@proxy.corp:3128").unwrap();
+        let none = NetEnv::default();
+        assert_eq!(choose_proxy(Some(&p), &none, &url("https://localhost:1")).unwrap(), Some(p.clone()));
+        let no = env(&[("NODE_USE_ENV_PROXY", "1"), ("NO_PROXY", "*")]);
+        assert_eq!(
+            choose_proxy(Some(&p), &no, &url("https://a.b")).unwrap(),
+            Some(p.clone()),
+            "NO_PROXY is for the environment's proxy"
+        );
+        assert!(matches!(
+            choose_proxy(Some(&p), &none, &url("http://127.0.0.1:1")),
+            Err(Error::Input(PROXY_NEEDS_HTTPS))
+        ));
+        assert_eq!(choose_proxy(None, &none, &url("https://a.b")).unwrap(), None);
+        assert!(ProxyUrl::parse("socks5://x:1").is_none());
+        assert!(ProxyUrl::parse("https://proxy:443").is_some());
+        assert_eq!(format!("{p:?}"), "ProxyUrl(<redacted>)", "credentials never format");
+    }
+
+    #[test]
+    fn trust_switches() {
+        let e = env(&[("NODE_USE_SYSTEM_CA", "1"), ("NODE_EXTRA_CA_CERTS", "/x.pem")]);
+        assert!(e.use_system_ca());
+        assert_eq!(e.extra_ca_file(), Some("/x.pem"));
+        let e = env(&[("NODE_USE_SYSTEM_CA", "0"), ("NODE_EXTRA_CA_CERTS", "")]);
+        assert!(!e.use_system_ca());
+        assert_eq!(e.extra_ca_file(), None);
+        assert!(pem_certificates(b"not pem").is_none());
+        assert!(pem_certificates(b"").is_none());
+    }
+
+    #[test]
+    fn loopback_hosts() {
+        for h in ["localhost", "LOCALHOST", "x.localhost", "localhost."] {
+            assert!(is_loopback(&url::Host::Domain(h)), "{h}");
+        }
+        assert!(!is_loopback(&url::Host::Domain("example.com")));
+        assert!(is_loopback_ip("127.0.0.2".parse().unwrap()));
+        assert!(is_loopback_ip("::ffff:127.0.0.1".parse().unwrap()));
+        assert!(!is_loopback_ip("10.0.0.1".parse().unwrap()));
+    }
+}
