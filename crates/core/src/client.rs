@@ -235,21 +235,53 @@ impl Client {
         retry: Retry,
         timeout: Option<Duration>,
     ) -> Result<reqwest::Response> {
+        self.send_tracked(op, method, path, body, ctx, retry, timeout).await.0
+    }
+
+    /// [`Client::send`], and whether a failed request may still have been applied: true when
+    /// some attempt left without an answer that proves it was not (a lost connection after
+    /// sending, a deadline or abort while on the wire, a gateway's 502/504). An error status
+    /// from the server itself, a refused connection or an untrusted certificate prove nothing
+    /// was applied.
+    #[allow(clippy::too_many_arguments)]
+    pub async fn send_tracked(
+        &self,
+        op: Operation,
+        method: Method,
+        path: &str,
+        body: Body,
+        ctx: &Ctx,
+        retry: Retry,
+        timeout: Option<Duration>,
+    ) -> (Result<reqwest::Response>, bool) {
         let mut attempt = 0;
+        let mut maybe_applied = false;
         loop {
-            self.pacer.acquire(ctx).await?;
+            if let Err(e) = self.pacer.acquire(ctx).await {
+                return (Err(e), maybe_applied);
+            }
             let result = self.transmit(op, &method, path, &body, ctx, timeout).await;
             let err = match result {
-                Ok(r) => return Ok(r),
+                Ok(r) => return (Ok(r), true),
                 Err(e) => e,
+            };
+            maybe_applied |= match &err {
+                Error::Api { status, .. } => matches!(status, 502 | 504),
+                Error::Connection { maybe_sent, .. } => *maybe_sent,
+                Error::UntrustedCertificate { .. } | Error::Redirect { .. } | Error::Input(_) | Error::Internal(_) => {
+                    false
+                }
+                _ => true,
             };
             attempt += 1;
             if attempt > MAX_RETRIES || !retryable(&err, &method, retry) {
-                return Err(err);
+                return (Err(err), maybe_applied);
             }
             // 429 waits in the pacer (paused until Retry-After); others back off briefly.
             if !matches!(err, Error::Api { status: 429, .. }) {
-                ctx.sleep(Duration::from_millis(200 * u64::from(attempt))).await?;
+                if let Err(e) = ctx.sleep(Duration::from_millis(200 * u64::from(attempt))).await {
+                    return (Err(e), maybe_applied);
+                }
             }
         }
     }
@@ -297,9 +329,15 @@ impl Client {
 
     /// Uploads `bytes` to `path` inside the sandbox (PUT /files).
     pub async fn put_file(&self, sandbox_id: &str, path: &str, bytes: Bytes, ctx: &Ctx) -> Result<()> {
+        self.put_file_tracked(sandbox_id, path, bytes, ctx).await.0
+    }
+
+    /// [`Client::put_file`], and whether a failed upload may still have been written (see
+    /// [`Client::send_tracked`]).
+    pub async fn put_file_tracked(&self, sandbox_id: &str, path: &str, bytes: Bytes, ctx: &Ctx) -> (Result<()>, bool) {
         let query: String = url::form_urlencoded::Serializer::new(String::new()).append_pair("path", path).finish();
-        let resp = self
-            .send(
+        let (resp, maybe_applied) = self
+            .send_tracked(
                 Operation::FileTransfer,
                 Method::PUT,
                 &format!("/sandboxes/{sandbox_id}/files?{query}"),
@@ -308,9 +346,8 @@ impl Client {
                 Retry::Safe,
                 Some(self.request_timeout),
             )
-            .await?;
-        drop(resp);
-        Ok(())
+            .await;
+        (resp.map(drop), maybe_applied)
     }
 }
 

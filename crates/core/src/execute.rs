@@ -1,14 +1,22 @@
 //! The orchestration of one command, and the other entry points the binding exposes.
 //!
-//! `execute` (managed process):
-//! 1. stage stdin as a file (PUT /files), if there is stdin;
-//! 2. create `/bin/bash -lc <script>` (POST /processes); the script waits for a start gate;
-//! 3. follow `connect?after=<cursor>`; once attached, upload the gate (PUT /files);
+//! `execute` (managed process), in round trips:
+//! 1. stage stdin as a file (PUT /files), if there is stdin, while
+//! 2. creating `/bin/bash -lc <script>` (POST /processes); the script waits for a start gate;
+//! 3. follow `connect?after=<cursor>`; once attached (headers received, or [`GATE_FALLBACK`]
+//!    after the connect request started), upload the gate (PUT /files);
 //! 4. on the exit frame: done (the script already removed the gate and the staged stdin).
+//!
+//! So a warm command costs about three round trips plus the command: create, connect (its
+//! headers), and the gate's upload with the first output coming back. On HTTP/2 every request
+//! is a stream of one connection; on HTTP/1.1 the stream holds one connection and the gate
+//! takes another, kept warm in the pool from the previous command (`net::POOL_IDLE`).
 //!
 //! On every other path the process is terminated and proven gone (`cleanup.rs`, under a fresh
 //! deadline) and staged files are removed. An abort is acted on at once: a timeout resolves a
 //! `timedOut` result with the output so far, any other abort is a cancellation.
+
+use std::time::Duration;
 
 use bytes::Bytes;
 use futures_util::StreamExt;
@@ -183,12 +191,18 @@ async fn run_managed(
     progress: &mut Progress,
 ) -> Result<ExecuteResult> {
     let sb = params.sandbox_id.as_str();
-    if let (Some(path), Some(stdin)) = (stdin_path, params.stdin.as_ref()) {
-        progress.staged = true;
-        client.put_file(sb, path, Bytes::copy_from_slice(stdin.as_bytes()), ctx).await?;
-    }
-    let (created, maybe_created) =
-        client.create_process(sb, json!({ "cmd": "/bin/bash", "args": ["-lc", script] }), ctx).await;
+    // 1 ∥ 2: stdin is staged while the process is created. The script opens the staged file
+    // only after its gate opens, and the gate opens only after the upload succeeded.
+    let stage = async {
+        match (stdin_path, params.stdin.as_ref()) {
+            (Some(path), Some(stdin)) => client.put_file(sb, path, Bytes::copy_from_slice(stdin.as_bytes()), ctx).await,
+            _ => Ok(()),
+        }
+    };
+    progress.staged = stdin_path.is_some();
+    let create = client.create_process(sb, json!({ "cmd": "/bin/bash", "args": ["-lc", script] }), ctx);
+    // Both are awaited to the end (never one dropped half-way), so what each did is known.
+    let (staged, (created, maybe_created)) = tokio::join!(stage, create);
     let created = created.inspect_err(|_| progress.creation_ambiguous = maybe_created)?;
     let pid = match created.get("process_id").and_then(Value::as_str) {
         Some(id) if client::is_identifier(id) => id.to_owned(),
@@ -198,19 +212,16 @@ async fn run_managed(
         }
     };
     progress.process_id = Some(pid.clone());
+    staged?;
 
+    // 3: follow, and open the gate once attached (see `open_gate`).
     let (tx, rx) = oneshot::channel();
     let mut sink = CaptureSink { output, connected: Some(tx) };
     let followed: Followed = {
+        // Polled first by `try_join!`, so the connect request takes its pacer slot before
+        // the gate's: the gate is never sent before the connect request.
         let following = follow::follow(client, sb, &pid, ctx, &mut sink, &cfg.follow);
-        let gate = async {
-            // The sender lives in the sink, which outlives this join: `rx` fails only if
-            // following ended, and then `try_join` has already returned.
-            if rx.await.is_ok() {
-                client.put_file(sb, gate_path, Bytes::new(), ctx).await?;
-            }
-            Ok::<(), Error>(())
-        };
+        let gate = open_gate(client, sb, gate_path, ctx, cfg.timeout, rx);
         let (followed, ()) = tokio::try_join!(following, gate)?;
         followed
     };
@@ -231,6 +242,53 @@ async fn run_managed(
         tree_exited,
         ..Default::default()
     })
+}
+
+/// How long after the connect request was started the gate opens when its response headers
+/// have not arrived (a server that holds them until the first frame, as a Node `http` server
+/// does by default, would otherwise hold the command until its first heartbeat).
+///
+/// The trade-off: headers are the proof that the stream is attached; without them the gate
+/// opens on the assumption that the connect request has reached the server by now. Nothing is
+/// lost if it has not: the first attach is `connect?after=0`, which replays every frame the
+/// process wrote since it started, and a journal that evicted frames before the attach
+/// answers with an eviction error, which fails the call closed (the process is ended). The
+/// only cost of opening early is that risk of eviction for a command that writes more than
+/// the journal holds before the stream attaches; the cost of waiting longer is latency on every
+/// command against such a server. 100 ms is longer than the connect request takes to reach
+/// any server it will get an answer from in time, and short against a 5 s heartbeat. Against
+/// servers that send headers at once it only matters beyond 100 ms of round trip, where it
+/// saves the rest of that round trip.
+pub const GATE_FALLBACK: Duration = Duration::from_millis(100);
+
+/// Opens the start gate (an empty file) once the stream is attached, or [`GATE_FALLBACK`]
+/// after the connect request started, whichever is first. The upload has a deadline of
+/// `timeout` (the script itself gives up `timeout + 60 s` after it started): a gate that could
+/// not be opened is [`Error::NotStarted`] when no attempt can have written it, the upload's own
+/// error otherwise (then the command may have started).
+async fn open_gate(
+    client: &Client,
+    sb: &str,
+    gate_path: &str,
+    ctx: &Ctx,
+    timeout: Duration,
+    attached: oneshot::Receiver<()>,
+) -> Result<()> {
+    let attached = tokio::select! {
+        r = attached => r.is_ok(),
+        () = tokio::time::sleep(GATE_FALLBACK) => true,
+    };
+    if !attached {
+        // Following ended without ever attaching: `try_join!` already has its error.
+        return Ok(());
+    }
+    let gate_ctx = Ctx { abort: ctx.abort.clone(), deadline: Some(tokio::time::Instant::now() + timeout) };
+    match client.put_file_tracked(sb, gate_path, Bytes::new(), &gate_ctx).await {
+        (Ok(()), _) => Ok(()),
+        (Err(e), _) if ctx.abort.is_aborted() => Err(e),
+        (Err(_), false) => Err(Error::NotStarted),
+        (Err(e), true) => Err(e),
+    }
 }
 
 /// Runs one command through `/exec?stream=true` (no reconnect, no process id: a dropped

@@ -304,13 +304,12 @@ pub fn is_untrusted_certificate(err: &(dyn std::error::Error + 'static)) -> bool
         if let Some(v) = rustls_says(e) {
             return v;
         }
-        // io::Error's `source()` skips the error it wraps: look inside it too.
-        if let Some(inner) = e.downcast_ref::<std::io::Error>().and_then(std::io::Error::get_ref) {
-            if let Some(v) = rustls_says(inner) {
-                return v;
-            }
-        }
-        cur = e.source();
+        // io::Error's `source()` skips the error it wraps (often another io::Error): step
+        // into it instead.
+        cur = match e.downcast_ref::<std::io::Error>().and_then(std::io::Error::get_ref) {
+            Some(inner) => Some(inner as &(dyn std::error::Error + 'static)),
+            None => e.source(),
+        };
     }
     false
 }

@@ -1,0 +1,116 @@
+//! Real networks (issue 10) through the Rust core against the emulator: TLS trust, HTTP/2 and
+//! HTTP/1.1, held response headers, and a start gate that cannot be opened. Each test asserts
+//! on what the caller got and on the emulator's request log. (Environment variables are read
+//! once per process: those rules are tested from JS in child processes,
+//! `__test__/network.test.mjs`, and as pure functions in `net.rs`.)
+
+use std::time::Duration;
+
+use createos_execute_core::abort::Abort;
+use createos_execute_core::config::{parse_config, parse_params, Config, Params};
+use createos_execute_core::error::Error;
+use createos_execute_core::execute::execute;
+use createos_test_support::{assert_nothing_alive, unlimited, with_emulator, Emulator, EmulatorOptions, FaultRule};
+use serde_json::json;
+
+fn cfg(emu: &Emulator, extra: serde_json::Value) -> Config {
+    let mut c = json!({ "apiUrl": emu.url(), "apiKey": emu.api_key(), "timeoutMs": 8000, "pacing": "off" });
+    for (k, v) in extra.as_object().unwrap() {
+        c[k] = v.clone();
+    }
+    parse_config(&c).unwrap()
+}
+
+fn params(sb: &str, script: &str, stdin: Option<&str>) -> Params {
+    let mut p = json!({ "sandboxId": sb, "command": "/bin/bash", "args": ["-c", script] });
+    if let Some(s) = stdin {
+        p["stdin"] = json!(s);
+    }
+    parse_params(&p).unwrap()
+}
+
+fn tls(http2: bool) -> EmulatorOptions {
+    EmulatorOptions { tls: true, http2, ..unlimited() }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn https_without_the_ca_is_an_untrusted_certificate_and_sends_nothing() {
+    with_emulator(tls(true), |emu| async move {
+        let sb = emu.create_sandbox_now();
+        let err = execute(&cfg(&emu, json!({})), &params(&sb, "echo hi", None), Abort::new(), None).await.unwrap_err();
+        assert!(matches!(err, Error::UntrustedCertificate { .. }), "{err:?}");
+        assert_eq!(err.to_string(), "CreateOS TLS certificate is not trusted.");
+        assert!(emu.requests().is_empty(), "the handshake failed before any request: {:?}", emu.requests());
+        assert!(emu.connections() >= 1, "a connection was tried");
+        assert_nothing_alive(&emu).await;
+    })
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn https_with_ca_cert_pem_over_h2_and_http1() {
+    for http2 in [true, false] {
+        with_emulator(tls(http2), |emu| async move {
+            let sb = emu.create_sandbox_now();
+            let c = cfg(&emu, json!({ "caCertPem": emu.ca_pem().unwrap() }));
+            for stdin in [None, Some("from stdin\n")] {
+                emu.clear_requests();
+                let r = execute(&c, &params(&sb, "cat; echo out", stdin), Abort::new(), None).await.unwrap();
+                assert_eq!(r.exit_code, Some(0));
+                assert_eq!(r.stdout, format!("{}out\n", stdin.unwrap_or("")));
+                let reqs = emu.requests();
+                assert_eq!(reqs.len(), if stdin.is_some() { 4 } else { 3 }, "{reqs:?}");
+                let want = if http2 { "HTTP/2.0" } else { "HTTP/1.1" };
+                assert!(reqs.iter().all(|r| r.http_version == want), "{reqs:?}");
+                if http2 {
+                    // Every request of the command is a stream of one connection.
+                    assert!(reqs.iter().all(|r| r.connection == reqs[0].connection), "{reqs:?}");
+                }
+            }
+        })
+        .await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn held_headers_do_not_hold_the_command_until_a_heartbeat() {
+    let opts = EmulatorOptions { hold_headers: true, heartbeat_ms: 20_000, ..unlimited() };
+    with_emulator(opts, |emu| async move {
+        let sb = emu.create_sandbox_now();
+        let started = std::time::Instant::now();
+        let r = execute(&cfg(&emu, json!({})), &params(&sb, "printf 'a\\nb'", None), Abort::new(), None).await.unwrap();
+        assert_eq!((r.exit_code, r.stdout.as_str()), (Some(0), "a\nb"));
+        assert!(started.elapsed() < Duration::from_secs(20), "the command waited for a heartbeat");
+        let reqs = emu.requests();
+        let routes: Vec<&str> = reqs.iter().map(|r| r.route).collect();
+        assert_eq!(routes, ["createProcess", "connect", "putFile"]);
+        // The gate was written long before the first heartbeat would have been sent.
+        let gate_done = reqs[2].at_ms + reqs[2].duration_ms;
+        assert!(gate_done < reqs[1].at_ms + 20_000.0, "{reqs:?}");
+        assert!(reqs[2].at_ms >= reqs[1].at_ms, "the gate went after the connect request: {reqs:?}");
+    })
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_gate_that_cannot_be_opened_is_not_started_and_the_process_is_ended() {
+    for status in [500, 429] {
+        with_emulator(unlimited(), |emu| async move {
+            let sb = emu.create_sandbox_now();
+            // The stdin upload (the first putFile) passes; every gate upload fails.
+            let rule = json!({ "route": "putFile", "skip": 1, "action": { "kind": "status", "status": status } });
+            emu.add_fault(FaultRule::from_json(&rule.to_string()).unwrap());
+            let err = execute(&cfg(&emu, json!({})), &params(&sb, "echo never", Some("x")), Abort::new(), None)
+                .await
+                .unwrap_err();
+            assert!(matches!(err, Error::NotStarted), "{status}: {err:?}");
+            assert_nothing_alive(&emu).await;
+            let reqs = emu.requests();
+            let routes: Vec<&str> = reqs.iter().map(|r| r.route).collect();
+            assert!(routes.contains(&"deleteProcess"), "{routes:?}");
+            let gates = reqs.iter().filter(|r| r.route == "putFile" && r.status == status).count();
+            assert_eq!(gates, if status == 429 { 4 } else { 1 }, "{routes:?}");
+        })
+        .await;
+    }
+}
