@@ -36,7 +36,33 @@ export interface CreateosConfigLike {
   leftoverProcesses?: 'keep' | 'terminate'
   /** Reconnect when the output stream carries nothing (not even a heartbeat) for this long, in ms. */
   streamIdleTimeoutMs?: number
+  /**
+   * A proxy for every request of this client: `http://` or `https://` (credentials allowed,
+   * sent only to the proxy), used for loopback targets too and regardless of `NO_PROXY`.
+   * HTTPS goes through it only as a `CONNECT` tunnel, so `apiUrl` must be `https://`.
+   * Without it, proxies come from the environment only when `NODE_USE_ENV_PROXY=1`.
+   */
+  proxy?: string | null
+  /**
+   * Extra trusted CA certificates (PEM, one or more), on top of the bundled web roots, the
+   * bundle named by `NODE_EXTRA_CA_CERTS` and, with `NODE_USE_SYSTEM_CA=1`, the system store.
+   */
+  caCertPem?: string | null
 }
+
+/**
+ * `code` of the plain `Error`s this package throws:
+ * `CREATEOS_CANCELLED` (aborted), `CREATEOS_INVALID_INPUT` (bad input or configuration, nothing
+ * sent), `CREATEOS_TLS_UNTRUSTED` (`CreateOS TLS certificate is not trusted.`: nothing sent),
+ * `CREATEOS_NOT_STARTED` (`CreateOS command did not start; its start gate could not be opened.`:
+ * the command never ran, its process was ended and proven gone), `CREATEOS_ERROR` (the rest).
+ */
+export type CreateosErrorCode =
+  | 'CREATEOS_CANCELLED'
+  | 'CREATEOS_INVALID_INPUT'
+  | 'CREATEOS_TLS_UNTRUSTED'
+  | 'CREATEOS_NOT_STARTED'
+  | 'CREATEOS_ERROR'
 
 /** The host's `CreateosClient`, or a plain `{ config, apiKey }`. */
 export interface CreateosClientLike {

@@ -121,3 +121,16 @@ void execute(plain, { lease: { providerLeaseId: "sb" }, command: "x", env: { A: 
 void runInLease; void quoted; void more; void classify;
 new CreateosApiError(503, "process cleanup");
 new CreateosCleanupError("x", { reason: "termination-unconfirmed", attempts: [] });
+
+// --- issue 10: network configuration and error codes -------------------------
+import type { CreateosConfigLike, CreateosErrorCode } from "createos-execute";
+const netConfig: CreateosConfigLike = {
+  apiUrl: "https://api.sb.createos.sh",
+  proxy: "http://user:pass@proxy.corp:3128",
+  caCertPem: "-----BEGIN CERTIFICATE-----\n...\n-----END CERTIFICATE-----\n",
+};
+void netConfig;
+const notStarted: CreateosErrorCode = "CREATEOS_NOT_STARTED";
+const untrusted: CreateosErrorCode = "CREATEOS_TLS_UNTRUSTED";
+void notStarted;
+void untrusted;

@@ -22,6 +22,7 @@ async function main() {
     clearFaults: () => emu.clearFaults(),
     createSandbox: () => emu.createSandbox(),
     livePids: () => emu.livePids(),
+    connections: () => emu.connections(),
     close: async () => {
       await emu.close()
       clearInterval(keepAlive)
@@ -42,7 +43,7 @@ async function main() {
   process.on('disconnect', async () => {
     try { await emu.close() } finally { process.exit(0) }
   })
-  process.send({ ready: true, url: emu.url, apiKey: emu.apiKey, pid: process.pid })
+  process.send({ ready: true, url: emu.url, apiKey: emu.apiKey, caPem: emu.caPem ?? null, pid: process.pid })
 }
 
 main().catch((error) => {

@@ -3,7 +3,7 @@
 // local emulator. Prints the machine, a table (median of N runs with min/max)
 // and writes bench-results/latest.json.
 //
-//   node benches/run.mjs [--quick] [--runs N] [--sections 1,2,3,4,5,6]
+//   node benches/run.mjs [--quick] [--runs N] [--sections 1,2,3,4,5,6,7]
 //                        [--emulator child|inproc|both] [--baseline build|auto|skip]
 //                        [--out FILE]
 //
@@ -16,6 +16,11 @@
 //              (full run default) runs `cargo build --release --no-default-features
 //              --example discard_client` before any timing; `auto` (quick default) uses the
 //              binary if it is already built; `skip` leaves the baseline out.
+//
+// §7 (WAN) runs echo over TLS (h2, and HTTP/1.1 only) against emulators with rttMs 0/20/50/100
+// (--quick: 0/50), warm (later commands of this process) and cold (the first command of a
+// fresh node process, benches/cold-child.cjs), and with holdHeaders + a 5 s heartbeat; it
+// prints wall time, wall/RTT, requests per command and connections opened per command.
 //
 // Nothing here asserts timings: the machine may be noisy. Targets are printed beside
 // the numbers for the reader.
@@ -59,7 +64,7 @@ function parseArgs(argv) {
       case '--baseline': o.baseline = val(); break
       case '--out': o.out = val(); break
       case '-h': case '--help':
-        process.stdout.write('usage: node benches/run.mjs [--quick] [--runs N] [--sections 1,2,3,4,5,6] [--emulator child|inproc|both] [--baseline build|auto|skip] [--out FILE]\n')
+        process.stdout.write('usage: node benches/run.mjs [--quick] [--runs N] [--sections 1,2,3,4,5,6,7] [--emulator child|inproc|both] [--baseline build|auto|skip] [--out FILE]\n')
         process.exit(0)
         break
       default: throw new Error(`unknown argument ${a}`)
@@ -72,7 +77,7 @@ function parseArgs(argv) {
   return {
     ...o,
     runs: o.runs ?? (q ? 3 : 5),
-    sections: o.sections ?? new Set(['1', '2', '3', '4', '5', '6']),
+    sections: o.sections ?? new Set(['1', '2', '3', '4', '5', '6', '7']),
     emulator: o.emulator ?? (q ? 'child' : 'both'),
     baseline: o.baseline ?? (q ? 'auto' : 'build'),
     out: o.out ?? join(ROOT, 'bench-results', q ? 'quick.json' : 'latest.json'),
@@ -81,6 +86,12 @@ function parseArgs(argv) {
     memoryMiB: q ? 32 : 1024,
     concurrency: q ? 5 : 20,
     holdMs: q ? 1000 : 2000,
+    wan: {
+      rtts: q ? [0, 50] : [0, 20, 50, 100],
+      warmRuns: q ? 2 : (o.runs ?? 5),
+      coldRuns: q ? 1 : 3,
+      holdRtts: q ? [50] : [0, 50, 100],
+    },
   }
 }
 
@@ -588,6 +599,81 @@ async function quietWaiting(opts) {
 }
 
 // ---------------------------------------------------------------------------
+// §7 WAN: TLS, HTTP/2 and HTTP/1.1, round trips (issue 10)
+
+const COLD_CHILD = join(ROOT, 'benches', 'cold-child.cjs')
+
+/** One execute in a fresh node process (the cold first command); its own timing. */
+async function coldExecute(client, params) {
+  const { stdout } = await execFileP(process.execPath, [COLD_CHILD, JSON.stringify({ client, params })], { maxBuffer: 1 << 20 })
+  return JSON.parse(stdout.trim().split('\n').pop())
+}
+
+async function wan(opts) {
+  const out = { rows: [] }
+  const { rtts, warmRuns, coldRuns, holdRtts } = opts.wan
+  const echo = (sb, stdin) => (stdin ? cmd(sb, 'cat', [], { stdin: 'hi\n' }) : cmd(sb, 'echo', ['hi']))
+  const configs = []
+  for (const rtt of rtts) for (const http2 of [true, false]) configs.push({ rtt, http2, hold: false })
+  for (const rtt of holdRtts) configs.push({ rtt, http2: true, hold: true })
+  for (const { rtt, http2, hold } of configs) {
+    const proto = http2 ? 'h2' : 'http/1.1'
+    const emuOpts = { tls: true, http2, rttMs: rtt, ...(hold ? { holdHeaders: true, heartbeatMs: 5000 } : {}) }
+    const emu = await startEmu('child', emuOpts)
+    emulators.push(emu)
+    const sb = await emu.createSandbox()
+    const client = { config: { apiUrl: emu.url, timeoutMs: 60_000, caCertPem: emu.caPem }, apiKey: emu.apiKey }
+    const label = `TLS ${proto}, RTT ${rtt} ms${hold ? ', holdHeaders + heartbeat 5 s' : ''}`
+    log(`§7 ${label}`)
+    const measure = async (stdin, cold) => {
+      const walls = []
+      const reqs = []
+      const conns = []
+      const runs = cold ? coldRuns : warmRuns
+      for (let i = 0; i < runs + (cold ? 0 : 1); i++) {
+        await emu.clearRequests()
+        const c0 = await emu.connections()
+        let ms
+        let r
+        if (cold) {
+          r = await coldExecute(client, echo(sb, stdin))
+          if (r.error) { note(`§7 ${label} cold: ${r.error}`); continue }
+          ms = r.ms
+        } else {
+          const t = now()
+          r = await lib.execute(client, echo(sb, stdin))
+          ms = now() - t
+        }
+        if (r.exitCode !== 0 || r.stdout !== 'hi\n') note(`§7 ${label}: exitCode ${r.exitCode}, stdout ${JSON.stringify(r.stdout)}`)
+        await sleep(20)
+        const c1 = await emu.connections()
+        if (!cold && i === 0) continue // warm-up: opens this client's connections
+        walls.push(ms)
+        reqs.push((await emu.requests()).length)
+        conns.push(c1 - c0)
+      }
+      return { wall: stats(walls), requests: stats(reqs), connections: stats(conns) }
+    }
+    const variants = hold
+      ? [['warm, no stdin', false, false], ['warm, stdin', true, false]]
+      : [['warm, no stdin', false, false], ['warm, stdin', true, false], ['cold, no stdin', false, true], ['cold, stdin', true, true]]
+    for (const [name, stdin, cold] of variants) {
+      const m = await measure(stdin, cold)
+      const perRtt = rtt > 0 && m.wall.median !== null ? `${fmt(m.wall.median / rtt, 1)} RTT` : 'RTT 0'
+      let target = ''
+      if (rtt === 50 && !cold && !hold) target = `; target ≤ 4 RTT + 30 ms = ${4 * rtt + 30} ms`
+      if (rtt === 50 && !cold && hold) target = `; target ≤ 4 RTT + 300 ms = ${4 * rtt + 300} ms`
+      if (rtt === 50 && cold) target = `; target ≤ 7 RTT = ${7 * rtt} ms`
+      const noteText = `${perRtt}; ${fmt(m.requests.median, 0)} req/cmd; ${fmt(m.connections.median, 0)} new conn/cmd${target}`
+      row('7', `echo ${name}, ${label}`, m.wall, 'ms', noteText, 0)
+      out.rows.push({ rtt, proto, hold, name, ...m })
+    }
+    await emu.close()
+  }
+  return out
+}
+
+// ---------------------------------------------------------------------------
 // Main
 
 function machine() {
@@ -622,6 +708,7 @@ async function main() {
     if (opts.sections.has('4')) results.latency = await echoLatency(opts)
     if (opts.sections.has('5')) results.concurrent = await concurrent(opts)
     if (opts.sections.has('6')) results.quietWaiting = await quietWaiting(opts)
+    if (opts.sections.has('7')) results.wan = await wan(opts)
   } finally {
     survivors = await closeAll()
   }
