@@ -49,12 +49,14 @@ export async function startChild(options = {}) {
     })
   })
   const info = await ready
+  let closed = false
   const call = (op, ...args) => new Promise((resolve, reject) => {
+    // A closed child answers nothing: fail at once rather than wait forever.
+    if (closed && op !== 'close') return reject(new Error('emulator child closed'))
     const id = nextId++
     pending.set(id, { resolve, reject })
     child.send({ id, op, args })
   })
-  let closed = false
   return {
     where: 'child process',
     url: info.url,
