@@ -114,3 +114,57 @@ async fn a_gate_that_cannot_be_opened_is_not_started_and_the_process_is_ended() 
         .await;
     }
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn stalled_log_consumers_do_not_stall_other_commands_on_the_same_h2_connection() {
+    let opts = EmulatorOptions { tls: true, journal_bytes: 64 << 20, ..unlimited() };
+    with_emulator(opts, |emu| async move {
+        let sb = emu.create_sandbox_now();
+        let c = cfg(&emu, json!({ "caCertPem": emu.ca_pem().unwrap(), "timeoutMs": 20_000 }));
+        // Four commands write 8 MiB each to a `log` that is never read: their streams stop
+        // being read, and each holds whatever flow-control window it was given.
+        let mut stalled = Vec::new();
+        let mut logs = Vec::new();
+        for _ in 0..4 {
+            let (tx, rx) = tokio::sync::mpsc::channel(1);
+            logs.push(rx);
+            let abort = Abort::new();
+            let (c, p) = (
+                cfg(&emu, json!({ "caCertPem": emu.ca_pem().unwrap(), "timeoutMs": 20_000 })),
+                params(&sb, "head -c 8388608 /dev/zero | tr '\\0' a; sleep 30", None),
+            );
+            let a = abort.clone();
+            stalled.push((abort, tokio::spawn(async move { execute(&c, &p, a, Some(tx)).await })));
+        }
+        tokio::time::sleep(Duration::from_millis(1500)).await;
+        // Another command on the same client (so the same HTTP/2 connection) still runs.
+        let r = tokio::time::timeout(
+            Duration::from_secs(15),
+            execute(&c, &params(&sb, "echo free", None), Abort::new(), None),
+        )
+        .await
+        .expect("a command behind stalled streams of its connection did not finish");
+        assert_eq!(r.unwrap().stdout, "free\n");
+        let reqs = emu.requests();
+        // It really shared the connection of the stalled streams.
+        let stalled_conns: Vec<u64> =
+            reqs[..reqs.len() - 3].iter().filter(|r| r.route == "connect").map(|r| r.connection).collect();
+        assert_eq!(stalled_conns.len(), 4, "{reqs:?}");
+        assert!(
+            reqs[reqs.len() - 3..]
+                .iter()
+                .all(|r| r.http_version == "HTTP/2.0" && stalled_conns.contains(&r.connection)),
+            "{reqs:?}"
+        );
+        assert!(stalled_conns.iter().all(|c| *c == stalled_conns[0]), "{reqs:?}");
+        // The host's log catches up (here: goes away), and the stalled commands are ended.
+        drop(logs);
+        for (abort, task) in stalled {
+            abort.abort(true);
+            let r = task.await.unwrap().unwrap();
+            assert!(r.timed_out);
+        }
+        assert_nothing_alive(&emu).await;
+    })
+    .await;
+}
