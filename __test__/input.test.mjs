@@ -160,7 +160,13 @@ test('the status in an API error is a number and the operation a fixed label', a
   assert.ok(error instanceof lib.CreateosApiError)
   assert.equal(error.status, 403)
   assert.equal(error.message, 'CreateOS request failed (HTTP 403) during file transfer.')
-  assert.deepEqual(kinds(ctx.requests()).filter((k) => k === 'createProcess'), [])
+  // stdin is staged while the process is created: the process that waited on its gate was
+  // ended (and its end confirmed) before the error was returned; the gate never opened.
+  const k = kinds(ctx.requests())
+  assert.deepEqual(k.filter((x) => x === 'createProcess'), ['createProcess'], k.join(','))
+  assert.ok(k.includes('deleteProcess'), k.join(','))
+  assert.equal(k.includes('connect'), false, k.join(','))
+  assert.deepEqual(ctx.emu.livePids(), [])
 })
 
 test('shellQuote quotes like the TypeScript module and rejects NUL', () => {

@@ -6,6 +6,10 @@
 //! open, (4) changes directory, exports the environment, and `exec`s the command. Steps 2 and 3
 //! are why a successful command needs no extra requests to close stdin or remove files.
 //!
+//! The staged stdin file is opened only in step 3, after the gate: `execute` uploads it while
+//! the process is being created, and opens the gate only once that upload succeeded, so the
+//! script never reads a file that is missing or half written.
+//!
 //! The gate wait is quiet: it blocks in bash's builtin `read -t` on the process's own stdin
 //! pipe (which CreateOS keeps open and we never write to), so it spawns nothing. If stdin is
 //! not a pipe that blocks (EOF at once), it falls back to `sleep` with a backoff to 0.25 s.
