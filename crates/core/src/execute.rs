@@ -3,8 +3,8 @@
 //! `execute` (managed process), in round trips:
 //! 1. stage stdin as a file (PUT /files), if there is stdin, while
 //! 2. creating `/bin/bash -lc <script>` (POST /processes); the script waits for a start gate;
-//! 3. follow `connect?after=<cursor>`; once attached (headers received, or [`GATE_FALLBACK`]
-//!    after the connect request started), upload the gate (PUT /files);
+//! 3. follow `connect?after=<cursor>`; once attached (headers received, or one measured round
+//!    trip after the connect request started, see [`GATE_FALLBACK_MAX`]), upload the gate;
 //! 4. on the exit frame: done (the script already removed the gate and the staged stdin).
 //!
 //! So a warm command costs about three round trips plus the command: create, connect (its
@@ -200,9 +200,13 @@ async fn run_managed(
         }
     };
     progress.staged = stdin_path.is_some();
-    let create = client.create_process(sb, json!({ "cmd": "/bin/bash", "args": ["-lc", script] }), ctx);
+    let create = async {
+        let started = tokio::time::Instant::now();
+        let r = client.create_process(sb, json!({ "cmd": "/bin/bash", "args": ["-lc", script] }), ctx).await;
+        (r, started.elapsed())
+    };
     // Both are awaited to the end (never one dropped half-way), so what each did is known.
-    let (staged, (created, maybe_created)) = tokio::join!(stage, create);
+    let (staged, ((created, maybe_created), create_rtt)) = tokio::join!(stage, create);
     let created = created.inspect_err(|_| progress.creation_ambiguous = maybe_created)?;
     let pid = match created.get("process_id").and_then(Value::as_str) {
         Some(id) if client::is_identifier(id) => id.to_owned(),
@@ -221,7 +225,8 @@ async fn run_managed(
         // Polled first by `try_join!`, so the connect request takes its pacer slot before
         // the gate's: the gate is never sent before the connect request.
         let following = follow::follow(client, sb, &pid, ctx, &mut sink, &cfg.follow);
-        let gate = open_gate(client, sb, gate_path, ctx, cfg.timeout, rx);
+        let fallback = create_rtt.clamp(GATE_FALLBACK_MIN, GATE_FALLBACK_MAX);
+        let gate = open_gate(client, sb, gate_path, ctx, cfg.timeout, fallback, rx);
         let (followed, ()) = tokio::try_join!(following, gate)?;
         followed
     };
@@ -246,23 +251,25 @@ async fn run_managed(
 
 /// How long after the connect request was started the gate opens when its response headers
 /// have not arrived (a server that holds them until the first frame, as a Node `http` server
-/// does by default, would otherwise hold the command until its first heartbeat).
+/// does by default, would otherwise hold the command until its first heartbeat): the time the
+/// process creation took (one round trip to this server and back, measured), kept within
+/// [`GATE_FALLBACK_MIN`, `GATE_FALLBACK_MAX`].
 ///
 /// The trade-off: headers are the proof that the stream is attached; without them the gate
-/// opens on the assumption that the connect request has reached the server by now. Nothing is
-/// lost if it has not: the first attach is `connect?after=0`, which replays every frame the
-/// process wrote since it started, and a journal that evicted frames before the attach
-/// answers with an eviction error, which fails the call closed (the process is ended). The
-/// only cost of opening early is that risk of eviction for a command that writes more than
-/// the journal holds before the stream attaches; the cost of waiting longer is latency on every
-/// command against such a server. 100 ms is longer than the connect request takes to reach
-/// any server it will get an answer from in time, and short against a 5 s heartbeat. Against
-/// servers that send headers at once it only matters beyond 100 ms of round trip, where it
-/// saves the rest of that round trip.
-pub const GATE_FALLBACK: Duration = Duration::from_millis(100);
+/// opens on the evidence that a request sent that long ago has had a whole round trip's time
+/// to reach the server. Nothing is lost if it has not: the first attach is `connect?after=0`,
+/// which replays every frame the process wrote since it started, and a journal that evicted
+/// frames before the attach answers with an eviction error, which fails the call closed (the
+/// process is ended). The only cost of opening early is that risk of eviction for a command
+/// that writes more than the journal holds before the stream attaches; the cost of waiting
+/// longer is latency on every command against such a server. Against servers that send their
+/// headers at once it only matters when a round trip takes longer than the cap (100 ms), where
+/// opening at the cap saves the rest of the round trip.
+pub const GATE_FALLBACK_MIN: Duration = Duration::from_millis(10);
+pub const GATE_FALLBACK_MAX: Duration = Duration::from_millis(100);
 
-/// Opens the start gate (an empty file) once the stream is attached, or [`GATE_FALLBACK`]
-/// after the connect request started, whichever is first. The upload has a deadline of
+/// Opens the start gate (an empty file) once the stream is attached, or `fallback` after the
+/// connect request started (see [`GATE_FALLBACK_MAX`]), whichever is first. The upload has a deadline of
 /// `timeout` (the script itself gives up `timeout + 60 s` after it started): a gate that could
 /// not be opened is [`Error::NotStarted`] when no attempt can have written it, the upload's own
 /// error otherwise (then the command may have started).
@@ -272,11 +279,12 @@ async fn open_gate(
     gate_path: &str,
     ctx: &Ctx,
     timeout: Duration,
+    fallback: Duration,
     attached: oneshot::Receiver<()>,
 ) -> Result<()> {
     let attached = tokio::select! {
         r = attached => r.is_ok(),
-        () = tokio::time::sleep(GATE_FALLBACK) => true,
+        () = tokio::time::sleep(fallback) => true,
     };
     if !attached {
         // Following ended without ever attaching: `try_join!` already has its error.
