@@ -295,6 +295,8 @@ async fn open_gate(
         (Ok(()), _) => Ok(()),
         (Err(e), _) if ctx.abort.is_aborted() => Err(e),
         (Err(_), false) => Err(Error::NotStarted),
+        // The gate's deadline passed with an upload on the wire: its fate is unknown.
+        (Err(Error::TimedOut), true) => Err(Error::Connection { op: Operation::FileTransfer, maybe_sent: true }),
         (Err(e), true) => Err(e),
     }
 }
