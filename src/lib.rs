@@ -79,10 +79,18 @@ fn error_json(e: &Error) -> Value {
 }
 
 fn outcome(r: std::result::Result<Value, Error>) -> Value {
-    match r {
+    let mut out = match r {
         Ok(value) => json!({ "ok": true, "value": value }),
         Err(e) => json!({ "ok": false, "error": error_json(&e) }),
+    };
+    // State changes the core saw since the last call settled (e.g. the shared pacing store
+    // went down); index.js emits each with `process.emitWarning`. Each is delivered once.
+    let warnings = createos_execute_core::pacer::take_warnings();
+    if !warnings.is_empty() {
+        out["warnings"] =
+            warnings.iter().map(|w| json!({ "code": w.code, "message": w.message })).collect::<Vec<_>>().into();
     }
+    out
 }
 
 fn result_json(r: ExecuteResult) -> Value {
@@ -254,7 +262,7 @@ pub fn wait_for_request_native<'env>(
     let abort = cancel.abort.clone();
     spawn(env, async move {
         let r = match config::parse_config(&client) {
-            Ok(cfg) => execute::wait_for_request(&cfg.api_url, cfg.pacing, abort).await,
+            Ok(cfg) => execute::wait_for_request(&cfg.api_url, &cfg.pacing, abort).await,
             Err(e) => Err(e),
         };
         outcome(r.map(|()| Value::Null))

@@ -26,7 +26,7 @@ use tokio::time::Instant;
 use crate::abort::Ctx;
 use crate::error::{Error, Operation, Result};
 use crate::net;
-use crate::pacer::{self, Pacer, PacingMode};
+use crate::pacer::{self, Pacer, PacingConfig};
 
 pub const MAX_RETRIES: u32 = 3;
 /// The largest JSON answer read (a process list of many records fits easily).
@@ -105,7 +105,7 @@ impl Client {
         api_url: &str,
         api_key: &str,
         request_timeout: Duration,
-        pacing: Option<PacingMode>,
+        pacing: &PacingConfig,
         net_opts: &NetOptions,
     ) -> Result<Self> {
         let origin = api_origin(api_url)?;
@@ -116,7 +116,7 @@ impl Client {
         let proxy = net::choose_proxy(net_opts.proxy.as_ref(), net::NetEnv::process(), &target)?;
         Ok(Client {
             http: net::http_client(proxy.as_ref(), net_opts.ca_cert_pem.as_deref())?,
-            pacer: pacer::for_origin(&origin, pacing),
+            pacer: pacer::for_budget(&origin, pacing),
             base: format!("{origin}/v1"),
             key: SecretString::from(api_key.to_owned()),
             request_timeout,
@@ -172,7 +172,8 @@ impl Client {
         }
         if status == StatusCode::TOO_MANY_REQUESTS {
             let wait = retry_after(&resp).unwrap_or(DEFAULT_RETRY_AFTER).min(MAX_RETRY_AFTER);
-            self.pacer.pause_until(Instant::now() + wait);
+            // Before the retry reserves: in a shared store the pause holds every process.
+            self.pacer.pause(wait).await;
         }
         Err(Error::Api { status: status.as_u16(), op })
     }

@@ -11,7 +11,7 @@ use crate::client::{self, Client, NetOptions};
 use crate::error::{Error, Result};
 use crate::follow::FollowOptions;
 use crate::net;
-use crate::pacer::PacingMode;
+use crate::pacer::{redis_store, PacingConfig, PacingMode, StoreChoice};
 use crate::script;
 
 pub const INVALID_SANDBOX_ID: &str = "Invalid sandbox ID.";
@@ -20,8 +20,11 @@ pub const INVALID_TIMEOUT: &str = "timeoutMs must be an integer between 1 and 86
 pub const INVALID_ARGS: &str = "Sandbox command arguments must be an array of strings.";
 pub const INVALID_CWD: &str = "The sandbox working directory must be a string.";
 pub const INVALID_STDIN: &str = "Sandbox stdin must be a string.";
-pub const INVALID_PACING: &str =
-    "pacing must be 'window', 'spacing', 'off' or an object { limit, windowMs } or { intervalMs }.";
+pub const INVALID_PACING: &str = "pacing must be 'window', 'spacing', 'off' or an object { limit, windowMs, store, key } or { intervalMs, store, key }.";
+pub const INVALID_PACING_STORE: &str = "pacing.store must be a redis:// or rediss:// URL, or false.";
+pub const INVALID_PACING_STORE_ENV: &str = "CREATEOS_PACING_STORE must be a redis:// or rediss:// URL.";
+pub const INVALID_PACING_KEY: &str =
+    "pacing.key must be 1 to 200 printable ASCII characters without spaces or braces, and must not contain the API key.";
 pub const INVALID_GRACE: &str = "cleanupGraceMs must be a non-empty array of integers between 0 and 600000.";
 pub const INVALID_DEADLINE: &str = "cleanupDeadlineMs must be an integer between 1 and 86400000.";
 pub const INVALID_CONFIRM: &str = "confirmPollMs must be an integer between 1 and 600000.";
@@ -42,8 +45,8 @@ pub struct Config {
     pub api_url: String,
     pub api_key: String,
     pub timeout: Duration,
-    /// `None` = not configured: the origin keeps its mode (the default for a new origin).
-    pub pacing: Option<PacingMode>,
+    /// Mode, store and budget key; unconfigured parts keep what the budget has.
+    pub pacing: PacingConfig,
     pub cleanup: CleanupPolicy,
     pub leftover: Leftover,
     pub follow: FollowOptions,
@@ -53,7 +56,7 @@ pub struct Config {
 
 impl Config {
     pub fn client(&self) -> Result<Client> {
-        Client::new(&self.api_url, &self.api_key, self.timeout, self.pacing, &self.net)
+        Client::new(&self.api_url, &self.api_key, self.timeout, &self.pacing, &self.net)
     }
 }
 
@@ -85,6 +88,68 @@ fn opt<'a>(m: &'a Map<String, Value>, key: &str) -> Option<&'a Value> {
     m.get(key).filter(|v| !v.is_null())
 }
 
+fn pacing_mode(v: &Value) -> Result<PacingMode> {
+    match v {
+        Value::String(s) => Ok(match s.as_str() {
+            "window" => PacingMode::default(),
+            "spacing" => PacingMode::spacing_default(),
+            "off" => PacingMode::Off,
+            _ => return Err(Error::Input(INVALID_PACING)),
+        }),
+        Value::Object(p) => {
+            if let Some(i) = opt(p, "intervalMs") {
+                let ms = integer(i, 0, 600_000).ok_or(Error::Input(INVALID_PACING))?;
+                return Ok(PacingMode::Spacing { interval: Duration::from_millis(ms) });
+            }
+            let limit =
+                opt(p, "limit").map_or(Some(300), |l| integer(l, 1, 1_000_000)).ok_or(Error::Input(INVALID_PACING))?;
+            let window = opt(p, "windowMs")
+                .map_or(Some(60_000), |w| integer(w, 1, 3_600_000))
+                .ok_or(Error::Input(INVALID_PACING))?;
+            Ok(PacingMode::Window { limit: limit as usize, window: Duration::from_millis(window) })
+        }
+        _ => Err(Error::Input(INVALID_PACING)),
+    }
+}
+
+/// `pacing` (mode, `store`, `key`) and `pacingStoreDefault` (index.js passes
+/// `CREATEOS_PACING_STORE` there). Store: `pacing.store` (a URL, or `false` = in-process), else
+/// the default, else in-process when `pacing` was given, else whatever the budget has.
+fn parse_pacing(m: &Map<String, Value>, api_key: &str) -> Result<PacingConfig> {
+    let given = opt(m, "pacing");
+    let mode = given.map(pacing_mode).transpose()?;
+    let obj = given.and_then(Value::as_object);
+    let default_store = match opt(m, "pacingStoreDefault") {
+        None => None,
+        Some(Value::String(s)) if s.trim().is_empty() => None,
+        Some(Value::String(s)) if redis_store::valid_url(s.trim()) => Some(s.trim().to_owned()),
+        Some(_) => return Err(Error::Input(INVALID_PACING_STORE_ENV)),
+    };
+    let store = match obj.and_then(|p| opt(p, "store")) {
+        Some(Value::String(s)) if redis_store::valid_url(s.trim()) => StoreChoice::Redis(s.trim().to_owned()),
+        Some(Value::Bool(false)) => StoreChoice::Local,
+        Some(_) => return Err(Error::Input(INVALID_PACING_STORE)),
+        None => match default_store {
+            Some(url) => StoreChoice::Redis(url),
+            None if given.is_some() => StoreChoice::Local,
+            None => StoreChoice::Keep,
+        },
+    };
+    let key = match obj.and_then(|p| opt(p, "key")) {
+        None => None,
+        Some(Value::String(k))
+            if !k.is_empty()
+                && k.len() <= 200
+                && k.bytes().all(|b| b.is_ascii_graphic() && b != b'{' && b != b'}')
+                && (api_key.is_empty() || !k.contains(api_key)) =>
+        {
+            Some(k.clone())
+        }
+        Some(_) => return Err(Error::Input(INVALID_PACING_KEY)),
+    };
+    Ok(PacingConfig { mode, store, key })
+}
+
 /// Parses the client object index.js builds: `{ apiUrl, apiKey, timeoutMs, ...options }`.
 pub fn parse_config(v: &Value) -> Result<Config> {
     let m = v.as_object().ok_or(Error::Input(INVALID_CONFIG))?;
@@ -95,29 +160,7 @@ pub fn parse_config(v: &Value) -> Result<Config> {
         None => 300_000,
         Some(t) => integer(t, 1, 86_400_000).ok_or(Error::Input(INVALID_TIMEOUT))?,
     };
-    let pacing = match opt(m, "pacing") {
-        None => None,
-        Some(Value::String(s)) => Some(match s.as_str() {
-            "window" => PacingMode::default(),
-            "spacing" => PacingMode::spacing_default(),
-            "off" => PacingMode::Off,
-            _ => return Err(Error::Input(INVALID_PACING)),
-        }),
-        Some(Value::Object(p)) => {
-            if let Some(i) = opt(p, "intervalMs") {
-                let ms = integer(i, 0, 600_000).ok_or(Error::Input(INVALID_PACING))?;
-                Some(PacingMode::Spacing { interval: Duration::from_millis(ms) })
-            } else {
-                let limit =
-                    opt(p, "limit").and_then(|l| integer(l, 1, 1_000_000)).ok_or(Error::Input(INVALID_PACING))?;
-                let window = opt(p, "windowMs")
-                    .map_or(Some(60_000), |w| integer(w, 1, 3_600_000))
-                    .ok_or(Error::Input(INVALID_PACING))?;
-                Some(PacingMode::Window { limit: limit as usize, window: Duration::from_millis(window) })
-            }
-        }
-        Some(_) => return Err(Error::Input(INVALID_PACING)),
-    };
+    let pacing = parse_pacing(m, &api_key)?;
     let mut cleanup = CleanupPolicy { deadline: Duration::from_millis(timeout_ms), ..CleanupPolicy::default() };
     if let Some(g) = opt(m, "cleanupGraceMs") {
         let graces = g.as_array().filter(|a| !a.is_empty() && a.len() <= 16).ok_or(Error::Input(INVALID_GRACE))?;
@@ -238,13 +281,14 @@ mod tests {
     fn config_defaults_and_errors() {
         let c = parse_config(&json!({"apiUrl": "http://127.0.0.1:1", "apiKey": "k"})).unwrap();
         assert_eq!(c.timeout, Duration::from_secs(300));
-        assert_eq!(c.pacing, None);
+        assert_eq!(c.pacing, PacingConfig::default());
         assert_eq!(c.cleanup.graces_ms, vec![1000, 5000]);
         assert!(parse_config(&json!({"apiUrl": "http://example.com"})).is_err());
         assert!(parse_config(&json!({"apiUrl": "https://x.io", "timeoutMs": 0})).is_err());
         assert!(parse_config(&json!({"apiUrl": "https://x.io", "pacing": "fast"})).is_err());
         let c = parse_config(&json!({"apiUrl": "https://x.io", "pacing": {"intervalMs": 300}, "cleanupGraceMs": [100, 200], "legacyCleanup": true})).unwrap();
-        assert_eq!(c.pacing, Some(PacingMode::Spacing { interval: Duration::from_millis(300) }));
+        assert_eq!(c.pacing.mode, Some(PacingMode::Spacing { interval: Duration::from_millis(300) }));
+        assert_eq!(c.pacing.store, StoreChoice::Local);
         assert!(c.cleanup.legacy);
     }
 
@@ -263,6 +307,41 @@ mod tests {
         assert_eq!(bad(json!({"apiUrl": "https://x.io", "caCertPem": 1})), net::INVALID_CA_PEM);
         let c = parse_config(&json!({"apiUrl": "https://x.io", "proxy": null, "caCertPem": null})).unwrap();
         assert!(c.net.proxy.is_none() && c.net.ca_cert_pem.is_none());
+    }
+
+    #[test]
+    fn pacing_store_and_key() {
+        let base = |pacing: Value, env: Option<&str>| {
+            let mut c = json!({"apiUrl": "https://x.io", "apiKey": "sekrit-key", "pacing": pacing});
+            if let Some(e) = env {
+                c["pacingStoreDefault"] = json!(e);
+            }
+            parse_config(&c)
+        };
+        let url = "redis://:pw@127.0.0.1:6379/0";
+        let c = base(json!({"limit": 20, "windowMs": 2000, "store": url, "key": "nat-1"}), None).unwrap();
+        assert_eq!(c.pacing.mode, Some(PacingMode::Window { limit: 20, window: Duration::from_secs(2) }));
+        assert_eq!(c.pacing.store, StoreChoice::Redis(url.into()));
+        assert_eq!(c.pacing.key.as_deref(), Some("nat-1"));
+        assert!(!format!("{:?}", c.pacing).contains("pw"));
+        assert_eq!(
+            base(json!("window"), Some("rediss://h:1")).unwrap().pacing.store,
+            StoreChoice::Redis("rediss://h:1".into())
+        );
+        assert_eq!(base(json!({"store": false}), Some("redis://h")).unwrap().pacing.store, StoreChoice::Local);
+        let c = parse_config(&json!({"apiUrl": "https://x.io", "pacingStoreDefault": url})).unwrap();
+        assert_eq!((c.pacing.mode, c.pacing.store), (None, StoreChoice::Redis(url.into())));
+        for (bad, msg) in [
+            (json!({"store": "http://h"}), INVALID_PACING_STORE),
+            (json!({"store": "redis://:pw@"}), INVALID_PACING_STORE),
+            (json!({"store": 1}), INVALID_PACING_STORE),
+            (json!({"key": ""}), INVALID_PACING_KEY),
+            (json!({"key": "a b"}), INVALID_PACING_KEY),
+            (json!({"key": "x-sekrit-key"}), INVALID_PACING_KEY),
+        ] {
+            assert!(matches!(base(bad.clone(), None), Err(Error::Input(m)) if m == msg), "{bad}");
+        }
+        assert!(matches!(base(json!("window"), Some("memcached://h")), Err(Error::Input(INVALID_PACING_STORE_ENV))));
     }
 
     #[test]

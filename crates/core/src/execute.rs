@@ -438,7 +438,7 @@ pub async fn destroy_sandbox(cfg: &Config, sandbox_id: &str) -> Result<()> {
 }
 
 /// Waits for a request slot of `api_url`'s origin (shared with every call in the process).
-pub async fn wait_for_request(api_url: &str, mode: Option<pacer::PacingMode>, abort: Abort) -> Result<()> {
+pub async fn wait_for_request(api_url: &str, pacing: &pacer::PacingConfig, abort: Abort) -> Result<()> {
     let origin = client::api_origin(api_url)?;
-    pacer::for_origin(&origin, mode).acquire(&Ctx::new(abort)).await
+    pacer::for_budget(&origin, pacing).acquire(&Ctx::new(abort)).await
 }

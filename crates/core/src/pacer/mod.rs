@@ -1,0 +1,561 @@
+//! The request budget per budget key (the API origin by default), shared by every call in the
+//! process (and by the host through `waitForRequest`), and optionally by every process and host
+//! that uses the same Redis store.
+//!
+//! Modes:
+//! - `Window` (default): never more than `limit` request starts in any `window` (300 in 60 s),
+//!   a sliding window. A command's few requests go at once; a burst beyond the budget waits
+//!   for the oldest start to leave the window.
+//! - `Spacing`: every start at least `interval` after the previous one (the TypeScript
+//!   module's 300 ms rule) = at most 1 start in any `interval`.
+//! - `Off`: no pacing (tests, a private emulator); only a 429's pause holds.
+//!
+//! Stores: [`local::Local`] (in-process, the default) and [`redis_store::RedisStore`] (shared;
+//! falls back to the local store while it does not answer). Both reserve a slot per waiter;
+//! a waiter cancelled while it waits gives its slot back, and a waiter whose slot has come
+//! checks the pause again, so a 429's `Retry-After` holds waiters that already reserved a slot
+//! too.
+//!
+//! A 429 answer pauses the budget key until its `Retry-After` has passed (in the shared store:
+//! for every process using it).
+
+pub mod local;
+pub mod redis_store;
+
+use std::sync::{Arc, Mutex, OnceLock};
+use std::time::Duration;
+
+use tokio::time::Instant;
+
+use crate::abort::Ctx;
+use crate::error::Result;
+
+pub use local::Local;
+use redis_store::{Answer, RedisStore};
+
+/// A warning for the host (`process.emitWarning(message, { code })`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Warning {
+    pub code: &'static str,
+    pub message: &'static str,
+}
+
+pub const STORE_DOWN: Warning = Warning {
+    code: "CREATEOS_PACING_STORE_DOWN",
+    message: "createos-execute: the shared pacing store does not answer; requests are paced by this process's own budget until it answers again.",
+};
+pub const STORE_RESTORED: Warning = Warning {
+    code: "CREATEOS_PACING_STORE_RESTORED",
+    message: "createos-execute: the shared pacing store answers again; requests share its budget again.",
+};
+
+const MAX_PENDING_WARNINGS: usize = 32;
+
+fn pending() -> &'static Mutex<Vec<Warning>> {
+    static PENDING: OnceLock<Mutex<Vec<Warning>>> = OnceLock::new();
+    PENDING.get_or_init(Default::default)
+}
+
+/// Queues a warning for the next native call that settles (bounded; one per transition).
+pub(crate) fn warn(w: Warning) {
+    let mut p = pending().lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+    if p.len() < MAX_PENDING_WARNINGS {
+        p.push(w);
+    }
+}
+
+/// The warnings queued since the last call (each is delivered once, to one call).
+pub fn take_warnings() -> Vec<Warning> {
+    std::mem::take(&mut *pending().lock().unwrap_or_else(std::sync::PoisonError::into_inner))
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum PacingMode {
+    Window { limit: usize, window: Duration },
+    Spacing { interval: Duration },
+    Off,
+}
+
+impl Default for PacingMode {
+    fn default() -> Self {
+        PacingMode::Window { limit: 300, window: Duration::from_secs(60) }
+    }
+}
+
+impl PacingMode {
+    pub fn spacing_default() -> Self {
+        PacingMode::Spacing { interval: Duration::from_millis(300) }
+    }
+
+    /// The sliding-window rule of this mode (`None` = off).
+    pub fn rule(self) -> Option<Rule> {
+        match self {
+            PacingMode::Window { limit, window } => Some(Rule { limit: limit.max(1), window }),
+            PacingMode::Spacing { interval } => Some(Rule { limit: 1, window: interval }),
+            PacingMode::Off => None,
+        }
+    }
+}
+
+/// At most `limit` starts in any `window`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Rule {
+    pub limit: usize,
+    pub window: Duration,
+}
+
+/// Which store a client asked for.
+#[derive(Clone, Default, PartialEq, Eq)]
+pub enum StoreChoice {
+    /// Not configured: the budget keeps its store (in-process for a new one).
+    #[default]
+    Keep,
+    Local,
+    /// A `redis://` or `rediss://` URL (checked by the config parser).
+    Redis(String),
+}
+
+impl std::fmt::Debug for StoreChoice {
+    /// Never prints the URL (it may hold a password).
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            StoreChoice::Keep => "Keep",
+            StoreChoice::Local => "Local",
+            StoreChoice::Redis(_) => "Redis(<redacted>)",
+        })
+    }
+}
+
+/// A client's pacing configuration.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct PacingConfig {
+    /// `None` = not configured: the budget keeps its mode (the default for a new one).
+    pub mode: Option<PacingMode>,
+    pub store: StoreChoice,
+    /// The budget key; `None` = the API origin.
+    pub key: Option<String>,
+}
+
+enum Held {
+    Local(u64),
+    Shared(Arc<RedisStore>, String),
+}
+
+pub struct Pacer {
+    key: String,
+    mode: Mutex<PacingMode>,
+    local: Local,
+    shared: Mutex<Option<Arc<RedisStore>>>,
+}
+
+/// A reservation not yet used: dropped (the waiting future was dropped), it is given back.
+struct Pending<'a> {
+    pacer: &'a Pacer,
+    held: Option<Held>,
+}
+
+impl Drop for Pending<'_> {
+    fn drop(&mut self) {
+        match self.held.take() {
+            None => {}
+            Some(Held::Local(id)) => self.pacer.local.release(id),
+            Some(Held::Shared(store, member)) => {
+                if let Ok(rt) = tokio::runtime::Handle::try_current() {
+                    let key = self.pacer.key.clone();
+                    rt.spawn(async move { store.release(&key, &member).await });
+                }
+            }
+        }
+    }
+}
+
+impl Pacer {
+    pub fn new(mode: PacingMode) -> Self {
+        Self::with_key("", mode)
+    }
+
+    pub fn with_key(key: &str, mode: PacingMode) -> Self {
+        Pacer { key: key.to_owned(), mode: Mutex::new(mode), local: Local::default(), shared: Mutex::new(None) }
+    }
+
+    pub fn set_mode(&self, mode: PacingMode) {
+        *self.mode.lock().unwrap_or_else(std::sync::PoisonError::into_inner) = mode;
+    }
+
+    pub fn mode(&self) -> PacingMode {
+        *self.mode.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    /// Puts the budget behind a shared store (`None` = in-process only).
+    pub fn set_store(&self, store: Option<Arc<RedisStore>>) {
+        *self.shared.lock().unwrap_or_else(std::sync::PoisonError::into_inner) = store;
+    }
+
+    pub fn store(&self) -> Option<Arc<RedisStore>> {
+        self.shared.lock().unwrap_or_else(std::sync::PoisonError::into_inner).clone()
+    }
+
+    /// The in-process store (also the fallback of the shared one).
+    pub fn local(&self) -> &Local {
+        &self.local
+    }
+
+    /// Reserves the earliest start allowed from `now` in the local store and returns it.
+    pub fn reserve(&self, now: Instant) -> Instant {
+        match self.mode().rule() {
+            Some(rule) => self.local.reserve(rule, now).1,
+            None => self.local.paused_until().map_or(now, |p| p.max(now)),
+        }
+    }
+
+    async fn reserve_in_store(&self, rule: Rule) -> (Held, Instant) {
+        if let Some(store) = self.store() {
+            let member = redis_store::new_member();
+            if let Answer::Wait(wait) = store.reserve(&self.key, rule, &member).await {
+                return (Held::Shared(store, member), Instant::now() + wait);
+            }
+        }
+        let (id, at) = self.local.reserve(rule, Instant::now());
+        (Held::Local(id), at)
+    }
+
+    /// A waiter's slot has come: `None` = start now, else its new reservation (a pause began
+    /// after it reserved).
+    async fn confirm(&self, held: &Held, rule: Rule) -> Option<(Held, Instant)> {
+        match held {
+            Held::Local(id) => self.local.confirm(*id, rule, Instant::now()).map(|at| (Held::Local(*id), at)),
+            Held::Shared(store, member) => match store.confirm(&self.key, rule, member).await {
+                Some(None) => None,
+                Some(Some(wait)) => Some((Held::Shared(store.clone(), member.clone()), Instant::now() + wait)),
+                // No answer: this process's own pause still holds.
+                None => {
+                    let now = Instant::now();
+                    if self.local.paused_until().is_some_and(|p| p > now) {
+                        let (id, at) = self.local.reserve(rule, now);
+                        Some((Held::Local(id), at))
+                    } else {
+                        None
+                    }
+                }
+            },
+        }
+    }
+
+    async fn release(&self, held: Held) {
+        match held {
+            Held::Local(id) => self.local.release(id),
+            Held::Shared(store, member) => store.release(&self.key, &member).await,
+        }
+    }
+
+    /// Waits for this caller's slot. A wait that is cancelled (abort, deadline, or the future
+    /// dropped) gives the slot back; a pause that begins while it waits holds it too.
+    pub async fn acquire(&self, ctx: &Ctx) -> Result<()> {
+        ctx.check()?;
+        let Some(rule) = self.mode().rule() else {
+            // Off: only a pause holds.
+            while let Some(p) = self.local.paused_until().filter(|&p| p > Instant::now()) {
+                ctx.run(async {
+                    tokio::time::sleep_until(p).await;
+                    Ok(())
+                })
+                .await?;
+            }
+            return Ok(());
+        };
+        let (held, mut at) = self.reserve_in_store(rule).await;
+        let mut pending = Pending { pacer: self, held: Some(held) };
+        while at > Instant::now() {
+            let slept = ctx
+                .run(async {
+                    tokio::time::sleep_until(at).await;
+                    Ok(())
+                })
+                .await;
+            if let Err(e) = slept {
+                if let Some(h) = pending.held.take() {
+                    self.release(h).await;
+                }
+                return Err(e);
+            }
+            let Some(h) = pending.held.as_ref() else { break };
+            match self.confirm(h, rule).await {
+                None => break,
+                Some((h, a)) => {
+                    if let (Some(Held::Shared(..)), Held::Local(_)) = (&pending.held, &h) {
+                        if let Some(old) = pending.held.take() {
+                            drop(Pending { pacer: self, held: Some(old) });
+                        }
+                    }
+                    pending.held = Some(h);
+                    at = a;
+                }
+            }
+        }
+        if let Some(Held::Shared(..)) = pending.held.take() {
+            // The fallback knows this process's own shared starts.
+            self.local.record(Instant::now(), rule);
+        }
+        Ok(())
+    }
+
+    /// Holds every start of this budget for `wait` (a 429's Retry-After): here at once, and in
+    /// the shared store (its own clock) for every process using it.
+    pub async fn pause(&self, wait: Duration) {
+        self.local.pause_until(Instant::now() + wait);
+        if let Some(store) = self.store() {
+            store.pause(&self.key, wait).await;
+        }
+    }
+
+    /// Holds every start of this budget in this process until `until`.
+    pub fn pause_until(&self, until: Instant) {
+        self.local.pause_until(until);
+    }
+}
+
+/// The process-wide pacer of a budget key (`cfg.key`, else `origin`). A mode the caller
+/// configured explicitly replaces the budget's mode (the latest wins); `None` keeps whatever
+/// it has (the default for a new one), so a bare `waitForRequest` never resets it. The same
+/// holds for the store.
+pub fn for_budget(origin: &str, cfg: &PacingConfig) -> Arc<Pacer> {
+    static REGISTRY: OnceLock<Mutex<std::collections::HashMap<String, Arc<Pacer>>>> = OnceLock::new();
+    let key = cfg.key.as_deref().unwrap_or(origin);
+    let pacer = {
+        let mut map = REGISTRY.get_or_init(Default::default).lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        map.entry(key.to_owned())
+            .or_insert_with(|| Arc::new(Pacer::with_key(key, cfg.mode.unwrap_or_default())))
+            .clone()
+    };
+    if let Some(mode) = cfg.mode {
+        pacer.set_mode(mode);
+    }
+    match &cfg.store {
+        StoreChoice::Keep => {}
+        StoreChoice::Local => pacer.set_store(None),
+        StoreChoice::Redis(url) => {
+            let want = redis_store::for_url(url);
+            let same = match (&want, pacer.store()) {
+                (Some(a), Some(b)) => Arc::ptr_eq(a, &b),
+                (None, None) => true,
+                _ => false,
+            };
+            if !same {
+                pacer.set_store(want);
+            }
+        }
+    }
+    pacer
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used)]
+mod tests {
+    use super::*;
+    use crate::abort::Abort;
+    use proptest::prelude::*;
+
+    pub(crate) fn max_in_window(starts: &[Instant], window: Duration) -> usize {
+        let mut sorted = starts.to_vec();
+        sorted.sort();
+        let mut best = 0;
+        let mut lo = 0;
+        for hi in 0..sorted.len() {
+            while sorted[hi] >= sorted[lo] + window {
+                lo += 1;
+            }
+            best = best.max(hi - lo + 1);
+        }
+        best
+    }
+
+    fn ctx_with_deadline(d: Duration) -> Ctx {
+        Ctx { abort: Abort::new(), deadline: Some(Instant::now() + d) }
+    }
+
+    #[test]
+    fn spacing_spaces_starts() {
+        let p = Pacer::new(PacingMode::spacing_default());
+        let now = Instant::now();
+        let a = p.reserve(now);
+        let b = p.reserve(now);
+        let c = p.reserve(now + Duration::from_millis(10));
+        assert_eq!(a, now);
+        assert_eq!(b - a, Duration::from_millis(300));
+        assert_eq!(c - b, Duration::from_millis(300));
+    }
+
+    #[test]
+    fn window_lets_a_few_go_at_once_then_waits_for_the_oldest() {
+        let w = Duration::from_secs(60);
+        let p = Pacer::new(PacingMode::Window { limit: 3, window: w });
+        let now = Instant::now();
+        assert_eq!(p.reserve(now), now);
+        assert_eq!(p.reserve(now), now);
+        assert_eq!(p.reserve(now + Duration::from_secs(1)), now + Duration::from_secs(1));
+        assert_eq!(p.reserve(now + Duration::from_secs(2)), now + w);
+        assert_eq!(p.reserve(now + Duration::from_secs(2)), now + w);
+        assert_eq!(p.reserve(now + Duration::from_secs(2)), now + Duration::from_secs(61));
+    }
+
+    #[test]
+    fn pause_holds_every_start() {
+        let p = Pacer::new(PacingMode::Off);
+        let now = Instant::now();
+        p.pause_until(now + Duration::from_secs(2));
+        assert_eq!(p.reserve(now), now + Duration::from_secs(2));
+    }
+
+    /// Issue 12, defect 1: with 2 per 3 s and six waiters that give up after 100 ms, a fresh
+    /// caller waited 9 s behind their phantom slots. Their slots must come back.
+    #[tokio::test(start_paused = true)]
+    async fn cancelled_waiters_give_their_slots_back() {
+        let p = Arc::new(Pacer::new(PacingMode::Window { limit: 2, window: Duration::from_secs(3) }));
+        let t0 = Instant::now();
+        for _ in 0..2 {
+            p.acquire(&Ctx::new(Abort::new())).await.unwrap();
+        }
+        let mut waiters = vec![];
+        for _ in 0..6 {
+            let p = p.clone();
+            waiters.push(tokio::spawn(async move { p.acquire(&ctx_with_deadline(Duration::from_millis(100))).await }));
+        }
+        for w in waiters {
+            assert!(matches!(w.await.unwrap(), Err(crate::error::Error::TimedOut)));
+        }
+        // A waiter whose future is dropped (not just aborted) gives its slot back too.
+        let dropped = tokio::time::timeout(Duration::from_millis(50), p.acquire(&Ctx::new(Abort::new()))).await;
+        assert!(dropped.is_err());
+        p.acquire(&Ctx::new(Abort::new())).await.unwrap();
+        assert_eq!(Instant::now() - t0, Duration::from_secs(3), "the fresh caller waits for the budget only");
+    }
+
+    /// Issue 12, defect 2: a 429's Retry-After must hold waiters that already reserved a slot.
+    #[tokio::test(start_paused = true)]
+    async fn a_pause_holds_waiters_that_already_reserved() {
+        let p = Arc::new(Pacer::new(PacingMode::Window { limit: 1, window: Duration::from_millis(300) }));
+        let t0 = Instant::now();
+        p.acquire(&Ctx::new(Abort::new())).await.unwrap();
+        let mut waiters = vec![];
+        for _ in 0..3 {
+            let p = p.clone();
+            waiters.push(tokio::spawn(async move {
+                p.acquire(&Ctx::new(Abort::new())).await.unwrap();
+                Instant::now()
+            }));
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        p.pause(Duration::from_secs(3)).await; // the origin is paused until t0 + 3.1 s
+        let mut starts = vec![];
+        for w in waiters {
+            starts.push(w.await.unwrap());
+        }
+        let pause_end = t0 + Duration::from_millis(3100);
+        assert!(starts.iter().all(|&s| s >= pause_end), "{:?}", starts.iter().map(|s| *s - t0).collect::<Vec<_>>());
+        assert!(max_in_window(&starts, Duration::from_millis(300)) <= 1);
+    }
+
+    proptest! {
+        /// However requests arrive, no window of `window` holds more than `limit` starts.
+        #[test]
+        fn no_window_exceeds_the_budget(limit in 1usize..20, gaps in proptest::collection::vec(0u64..5_000, 1..300)) {
+            let window = Duration::from_secs(60);
+            let p = Pacer::new(PacingMode::Window { limit, window });
+            let base = Instant::now();
+            let mut t = base;
+            let mut starts = vec![];
+            for g in gaps {
+                t += Duration::from_millis(g);
+                let at = p.reserve(t);
+                prop_assert!(at >= t);
+                starts.push(at);
+            }
+            prop_assert!(max_in_window(&starts, window) <= limit);
+        }
+
+        /// Concurrent callers on paused time, some cancelled while they wait, some paused by
+        /// a 429: no window over the limit, no start inside a pause, and the cancelled ones
+        /// hold nothing afterwards (a fresh caller gets exactly the slot the real starts allow).
+        #[test]
+        fn interleaved_callers_with_cancels_and_pauses(
+            limit in 1usize..6,
+            window_ms in 50u64..2_000,
+            callers in proptest::collection::vec((0u64..3_000, proptest::option::of(1u64..2_000)), 1..40),
+            pause in proptest::option::of((0u64..3_000, 1u64..2_000)),
+        ) {
+            let rt = tokio::runtime::Builder::new_current_thread().enable_time().start_paused(true).build().unwrap();
+            let window = Duration::from_millis(window_ms);
+            let rule = Rule { limit, window };
+            let (starts, pause_span, fresh, expected) = rt.block_on(async move {
+                let p = Arc::new(Pacer::new(PacingMode::Window { limit, window }));
+                let t0 = Instant::now();
+                let starts = Arc::new(Mutex::new(vec![]));
+                let mut tasks = vec![];
+                for (delay, give_up) in callers {
+                    let (p, starts) = (p.clone(), starts.clone());
+                    tasks.push(tokio::spawn(async move {
+                        tokio::time::sleep(Duration::from_millis(delay)).await;
+                        let ctx = match give_up {
+                            Some(ms) => ctx_with_deadline(Duration::from_millis(ms)),
+                            None => Ctx::new(Abort::new()),
+                        };
+                        if p.acquire(&ctx).await.is_ok() {
+                            starts.lock().unwrap().push(Instant::now());
+                        }
+                    }));
+                }
+                let mut pause_span = None;
+                if let Some((at, len)) = pause {
+                    tokio::time::sleep(Duration::from_millis(at)).await;
+                    let from = Instant::now();
+                    p.pause(Duration::from_millis(len)).await;
+                    pause_span = Some((from, from + Duration::from_millis(len)));
+                }
+                for t in tasks {
+                    t.await.unwrap();
+                }
+                let starts = starts.lock().unwrap().clone();
+                // What the real starts alone allow from now on.
+                let reference = Local::default();
+                for &s in &starts {
+                    reference.record(s, rule);
+                }
+                if let Some((_, end)) = pause_span {
+                    reference.pause_until(end);
+                }
+                let now = Instant::now();
+                let expected = reference.reserve(rule, now).1 - t0;
+                let fresh = p.reserve(now) - t0;
+                (starts, pause_span, fresh, expected)
+            });
+            prop_assert!(max_in_window(&starts, window) <= limit);
+            if let Some((from, to)) = pause_span {
+                prop_assert!(starts.iter().all(|&s| s <= from || s >= to), "a start inside the pause");
+            }
+            prop_assert_eq!(fresh, expected);
+        }
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn many_concurrent_callers_stay_within_the_budget() {
+        let window = Duration::from_secs(60);
+        let p = Arc::new(Pacer::new(PacingMode::Window { limit: 300, window }));
+        let starts = Arc::new(Mutex::new(vec![]));
+        let mut tasks = vec![];
+        for i in 0..1000u64 {
+            let p = p.clone();
+            let starts = starts.clone();
+            tasks.push(tokio::spawn(async move {
+                tokio::time::sleep(Duration::from_millis(i * 37 % 5000)).await;
+                p.acquire(&Ctx::new(Abort::new())).await.unwrap();
+                starts.lock().unwrap().push(Instant::now());
+            }));
+        }
+        for t in tasks {
+            t.await.unwrap();
+        }
+        let starts = starts.lock().unwrap();
+        assert_eq!(starts.len(), 1000);
+        assert!(max_in_window(&starts, window) <= 300);
+    }
+}

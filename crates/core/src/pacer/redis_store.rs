@@ -1,0 +1,327 @@
+//! The shared store: the same sliding-window rule, decided atomically in Redis by one Lua
+//! script on the server's clock (`TIME`), so every process and host that uses the store shares
+//! one budget per key, whatever their own clocks say.
+//!
+//! Per budget key there are two Redis keys under a fixed prefix: a sorted set of starts (member
+//! = one reservation, score = its start in µs of server time) and the pause (a 429's
+//! `Retry-After` end, µs of server time). Reservations are appended like the local store's, a
+//! cancelled waiter removes its member, and a waiter whose slot has come asks again (`confirm`)
+//! so a pause that began meanwhile holds it too.
+//!
+//! Failure is not a stampede: every decision has [`DECISION_TIMEOUT`]; the first failure marks
+//! the store down (one warning, [`super::STORE_DOWN`]) and the pacer falls back to its local
+//! store; while down, only one probe at a time goes to Redis, at most every backoff (100 ms,
+//! doubling to 2 s); the first answer marks it up again ([`super::STORE_RESTORED`]).
+//!
+//! The URL (it may hold a password) is kept only inside the redis client; it is never
+//! formatted into an error, a warning or an event.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use redis::aio::{ConnectionManager, ConnectionManagerConfig};
+use tokio::time::Instant;
+
+use super::{warn, Rule, STORE_DOWN, STORE_RESTORED};
+
+/// The bound of one decision (connect included).
+pub const DECISION_TIMEOUT: Duration = Duration::from_millis(250);
+const MIN_BACKOFF: Duration = Duration::from_millis(100);
+const MAX_BACKOFF: Duration = Duration::from_secs(2);
+/// Every Redis key of this package starts with this.
+pub const KEY_PREFIX: &str = "createos-execute:pacing:v1:";
+
+const SCRIPT: &str = r"
+-- KEYS[1] starts (sorted set, score = start in µs of server time), KEYS[2] pause (µs)
+-- ARGV: op, limit, window µs, member, pause µs
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000000 + tonumber(t[2])
+local op = ARGV[1]
+local limit = tonumber(ARGV[2])
+local window = tonumber(ARGV[3])
+local member = ARGV[4]
+local function n2s(x) return string.format('%.0f', x) end
+local function paused()
+  local p = redis.call('GET', KEYS[2])
+  if p then return tonumber(p) end
+  return 0
+end
+local function reserve()
+  local earliest = now
+  local p = paused()
+  if p > earliest then earliest = p end
+  redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', n2s(earliest - window))
+  local n = redis.call('ZCARD', KEYS[1])
+  local at = earliest
+  if n > 0 then
+    local last = tonumber(redis.call('ZRANGE', KEYS[1], -1, -1, 'WITHSCORES')[2])
+    if last > at then at = last end
+    if n >= limit then
+      local kth = tonumber(redis.call('ZRANGE', KEYS[1], n - limit, n - limit, 'WITHSCORES')[2]) + window
+      if kth > at then at = kth end
+    end
+  end
+  redis.call('ZADD', KEYS[1], n2s(at), member)
+  redis.call('PEXPIRE', KEYS[1], n2s(math.floor((at - now + window) / 1000) + 1000))
+  return at - now
+end
+if op == 'reserve' then
+  return {0, reserve()}
+elseif op == 'confirm' then
+  local s = redis.call('ZSCORE', KEYS[1], member)
+  local p = paused()
+  if s and (p <= now or tonumber(s) >= p) then return {0, 0} end
+  if s then redis.call('ZREM', KEYS[1], member) end
+  return {1, reserve()}
+elseif op == 'release' then
+  redis.call('ZREM', KEYS[1], member)
+  return {0, 0}
+elseif op == 'pause' then
+  local d = tonumber(ARGV[5])
+  local u = now + d
+  if paused() < u then redis.call('SET', KEYS[2], n2s(u), 'PX', n2s(math.floor(d / 1000) + 1)) end
+  return {0, 0}
+end
+return redis.error_reply('unknown op')
+";
+
+struct Health {
+    down: bool,
+    probing: bool,
+    next_probe: Instant,
+    backoff: Duration,
+}
+
+/// One Redis store (per URL), shared by every budget key that uses it.
+pub struct RedisStore {
+    client: redis::Client,
+    conn: Mutex<Option<ConnectionManager>>,
+    health: Mutex<Health>,
+    script: redis::Script,
+}
+
+struct ProbeGuard<'a> {
+    store: &'a RedisStore,
+    armed: bool,
+}
+
+impl ProbeGuard<'_> {
+    fn disarm(mut self) {
+        self.armed = false;
+    }
+}
+
+impl Drop for ProbeGuard<'_> {
+    fn drop(&mut self) {
+        if self.armed {
+            lock(&self.store.health).probing = false;
+        }
+    }
+}
+
+/// What the store answered.
+pub enum Answer {
+    /// Start after this wait (µs of server time from the decision).
+    Wait(Duration),
+    /// The store did not answer in time: fall back.
+    Unavailable,
+}
+
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+}
+
+/// A member name unique across processes: a random process nonce and a counter.
+pub fn new_member() -> String {
+    static NONCE: std::sync::OnceLock<String> = std::sync::OnceLock::new();
+    static COUNTER: AtomicU64 = AtomicU64::new(0);
+    let nonce = NONCE.get_or_init(|| uuid::Uuid::new_v4().simple().to_string());
+    format!("{nonce}:{}", COUNTER.fetch_add(1, Ordering::Relaxed))
+}
+
+/// The trust roots for `rediss://`: the bundled web roots plus the PEM file named by
+/// `NODE_EXTRA_CA_CERTS` (the client's rules; a small function so it can be unified with the
+/// HTTP client's roots later). An unreadable extra file is skipped, as Node does.
+fn tls_roots_pem() -> Vec<u8> {
+    use base64::Engine as _;
+    let mut pem = String::new();
+    for der in webpki_root_certs::TLS_SERVER_ROOT_CERTS {
+        let b64 = base64::engine::general_purpose::STANDARD.encode(der.as_ref());
+        pem.push_str("-----BEGIN CERTIFICATE-----\n");
+        for line in b64.as_bytes().chunks(64) {
+            pem.push_str(std::str::from_utf8(line).unwrap_or_default());
+            pem.push('\n');
+        }
+        pem.push_str("-----END CERTIFICATE-----\n");
+    }
+    let mut out = pem.into_bytes();
+    if let Some(path) = std::env::var_os("NODE_EXTRA_CA_CERTS").filter(|p| !p.is_empty()) {
+        if let Ok(extra) = std::fs::read(path) {
+            out.push(b'\n');
+            out.extend_from_slice(&extra);
+        }
+    }
+    out
+}
+
+/// Whether `url` is a `redis://` or `rediss://` URL the client accepts (nothing is connected).
+pub fn valid_url(url: &str) -> bool {
+    let Ok(u) = url::Url::parse(url) else { return false };
+    matches!(u.scheme(), "redis" | "rediss")
+        && u.host_str().is_some_and(|h| !h.is_empty())
+        && redis::IntoConnectionInfo::into_connection_info(url).is_ok()
+}
+
+impl RedisStore {
+    /// `None` when the URL is not one the client accepts.
+    pub fn new(url: &str) -> Option<Self> {
+        if !valid_url(url) {
+            return None;
+        }
+        let client = if url.starts_with("rediss:") {
+            let certs = redis::TlsCertificates { client_tls: None, root_cert: Some(tls_roots_pem()) };
+            redis::Client::build_with_tls(url, certs).ok()?
+        } else {
+            redis::Client::open(url).ok()?
+        };
+        Some(RedisStore {
+            client,
+            conn: Mutex::new(None),
+            health: Mutex::new(Health {
+                down: false,
+                probing: false,
+                next_probe: Instant::now(),
+                backoff: MIN_BACKOFF,
+            }),
+            script: redis::Script::new(SCRIPT),
+        })
+    }
+
+    /// Whether this decision may go to Redis: always while up; while down, one probe at a
+    /// time once the backoff has passed. `Some(is_probe)`.
+    fn enter(&self) -> Option<bool> {
+        let mut h = lock(&self.health);
+        if !h.down {
+            return Some(false);
+        }
+        if h.probing || Instant::now() < h.next_probe {
+            return None;
+        }
+        h.probing = true;
+        Some(true)
+    }
+
+    fn answered(&self) {
+        let mut h = lock(&self.health);
+        h.probing = false;
+        if h.down {
+            h.down = false;
+            h.backoff = MIN_BACKOFF;
+            warn(STORE_RESTORED);
+        }
+    }
+
+    fn failed(&self, probe: bool) {
+        let mut h = lock(&self.health);
+        if probe {
+            h.probing = false;
+            h.backoff = (h.backoff * 2).min(MAX_BACKOFF);
+        } else if h.down {
+            return; // another decision already saw this outage
+        } else {
+            h.down = true;
+            h.backoff = MIN_BACKOFF;
+            warn(STORE_DOWN);
+        }
+        h.next_probe = Instant::now() + h.backoff;
+        drop(h);
+        // A fresh connection for the next probe (a stopped server can leave the old one stuck).
+        *lock(&self.conn) = None;
+    }
+
+    /// Whether the store is marked down (for tests and the bench).
+    pub fn is_down(&self) -> bool {
+        lock(&self.health).down
+    }
+
+    fn connection(&self) -> Option<ConnectionManager> {
+        let mut c = lock(&self.conn);
+        if c.is_none() {
+            let config = ConnectionManagerConfig::new()
+                .set_connection_timeout(Some(DECISION_TIMEOUT))
+                .set_response_timeout(Some(DECISION_TIMEOUT))
+                .set_number_of_retries(1)
+                .set_max_delay(Duration::from_millis(50));
+            *c = ConnectionManager::new_lazy_with_config(self.client.clone(), config).ok();
+        }
+        c.clone()
+    }
+
+    /// Runs one op of the script, bounded by [`DECISION_TIMEOUT`]; `None` = no answer.
+    async fn call(&self, key: &str, op: &str, rule: Rule, member: &str, extra: u128) -> Option<(i64, i64)> {
+        let probe = self.enter()?;
+        // A decision dropped half-way (its caller was cancelled) must not leave the probe taken.
+        let guard = ProbeGuard { store: self, armed: probe };
+        let Some(mut conn) = self.connection() else {
+            guard.disarm();
+            self.failed(probe);
+            return None;
+        };
+        let mut inv = self.script.prepare_invoke();
+        inv.key(format!("{KEY_PREFIX}{{{key}}}:starts"))
+            .key(format!("{KEY_PREFIX}{{{key}}}:pause"))
+            .arg(op)
+            .arg(rule.limit.max(1))
+            .arg(u64::try_from(rule.window.as_micros()).unwrap_or(u64::MAX))
+            .arg(member)
+            .arg(u64::try_from(extra).unwrap_or(u64::MAX));
+        let r = tokio::time::timeout(DECISION_TIMEOUT, inv.invoke_async::<(i64, i64)>(&mut conn)).await;
+        guard.disarm();
+        match r {
+            Ok(Ok(v)) => {
+                self.answered();
+                Some(v)
+            }
+            _ => {
+                self.failed(probe);
+                None
+            }
+        }
+    }
+
+    pub async fn reserve(&self, key: &str, rule: Rule, member: &str) -> Answer {
+        match self.call(key, "reserve", rule, member, 0).await {
+            Some((_, wait)) => Answer::Wait(Duration::from_micros(wait.max(0).unsigned_abs())),
+            None => Answer::Unavailable,
+        }
+    }
+
+    /// `Some(None)` = start now; `Some(Some(wait))` = moved behind a pause; `None` = no answer.
+    pub async fn confirm(&self, key: &str, rule: Rule, member: &str) -> Option<Option<Duration>> {
+        let (moved, wait) = self.call(key, "confirm", rule, member, 0).await?;
+        Some((moved == 1).then(|| Duration::from_micros(wait.max(0).unsigned_abs())))
+    }
+
+    pub async fn release(&self, key: &str, member: &str) {
+        let rule = Rule { limit: 1, window: Duration::from_secs(1) };
+        let _ = self.call(key, "release", rule, member, 0).await;
+    }
+
+    pub async fn pause(&self, key: &str, wait: Duration) {
+        let rule = Rule { limit: 1, window: Duration::from_secs(1) };
+        let _ = self.call(key, "pause", rule, "", wait.as_micros()).await;
+    }
+}
+
+/// The process-wide store of `url` (one client and connection per URL).
+pub fn for_url(url: &str) -> Option<Arc<RedisStore>> {
+    static STORES: std::sync::OnceLock<Mutex<Vec<(String, Arc<RedisStore>)>>> = std::sync::OnceLock::new();
+    let mut stores = lock(STORES.get_or_init(Default::default));
+    if let Some((_, s)) = stores.iter().find(|(u, _)| u == url) {
+        return Some(s.clone());
+    }
+    let store = Arc::new(RedisStore::new(url)?);
+    stores.push((url.to_owned(), store.clone()));
+    Some(store)
+}
