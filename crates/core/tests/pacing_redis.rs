@@ -1,0 +1,291 @@
+//! The shared pacing store against a real `redis-server` (no mock): each test starts its own
+//! server on a free loopback port in a temp dir and ends it by pid, also when it fails.
+//! Real time with small windows; two `Pacer`s with their own store connections stand for two
+//! processes sharing one budget key.
+#![allow(clippy::unwrap_used)]
+
+use std::process::{Child, Command, Stdio};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use createos_execute_core::abort::{Abort, Ctx};
+use createos_execute_core::pacer::redis_store::{RedisStore, KEY_PREFIX};
+use createos_execute_core::pacer::{self, Pacer, PacingMode, STORE_DOWN, STORE_RESTORED};
+use proptest::prelude::*;
+use tokio::time::Instant;
+
+/// A `redis-server` of this test: ended by pid on drop, its temp dir removed.
+struct Server {
+    child: Option<Child>,
+    port: u16,
+    dir: std::path::PathBuf,
+}
+
+fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
+}
+
+impl Server {
+    fn start() -> Server {
+        let dir = std::env::temp_dir().join(format!("createos-redis-{}", uuid_like()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let mut s = Server { child: None, port: free_port(), dir };
+        s.spawn();
+        s
+    }
+
+    fn spawn(&mut self) {
+        let child = Command::new("redis-server")
+            .args(["--port", &self.port.to_string(), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no"])
+            .arg("--dir")
+            .arg(&self.dir)
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("redis-server must be installed (CI installs it in .ci/run)");
+        self.child = Some(child);
+        let deadline = std::time::Instant::now() + Duration::from_secs(10);
+        while std::net::TcpStream::connect(("127.0.0.1", self.port)).is_err() {
+            assert!(std::time::Instant::now() < deadline, "redis-server did not start");
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+
+    fn url(&self) -> String {
+        format!("redis://127.0.0.1:{}/0", self.port)
+    }
+
+    fn pid(&self) -> i32 {
+        i32::try_from(self.child.as_ref().unwrap().id()).unwrap()
+    }
+
+    fn kill(&mut self) {
+        if let Some(mut c) = self.child.take() {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+
+    fn signal(&self, sig: &str) {
+        Command::new("kill").args([sig, &self.pid().to_string()]).status().unwrap();
+    }
+}
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        if self.child.is_some() {
+            self.signal("-CONT");
+        }
+        self.kill();
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
+
+fn uuid_like() -> String {
+    use std::time::{SystemTime, UNIX_EPOCH};
+    format!("{}-{}", std::process::id(), SystemTime::now().duration_since(UNIX_EPOCH).unwrap().as_nanos())
+}
+
+/// The warnings queue and `take_warnings` are process-wide: these tests run one at a time.
+static SERIAL: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
+
+fn shared_pacer(url: &str, key: &str, mode: PacingMode) -> Arc<Pacer> {
+    let p = Pacer::with_key(key, mode);
+    p.set_store(Some(Arc::new(RedisStore::new(url).unwrap())));
+    Arc::new(p)
+}
+
+async fn zcard(url: &str, key: &str) -> i64 {
+    let client = redis::Client::open(url).unwrap();
+    let mut c = client.get_multiplexed_async_connection().await.unwrap();
+    redis::cmd("ZCARD").arg(format!("{KEY_PREFIX}{{{key}}}:starts")).query_async(&mut c).await.unwrap()
+}
+
+/// Most starts in any window of `window` (half-open).
+fn max_in_window(starts: &[Instant], window: Duration) -> usize {
+    let mut sorted = starts.to_vec();
+    sorted.sort();
+    let mut best = 0;
+    let mut lo = 0;
+    for hi in 0..sorted.len() {
+        while sorted[hi] >= sorted[lo] + window {
+            lo += 1;
+        }
+        best = best.max(hi - lo + 1);
+    }
+    best
+}
+
+/// Decisions are made on the server's clock and the waits arrive over loopback: a start is
+/// observed here up to a few ms off. Windows are checked shrunk by this much.
+const JITTER: Duration = Duration::from_millis(25);
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn cancelled_waiters_free_their_slots_in_redis() {
+    let _serial = SERIAL.lock().await;
+    let server = Server::start();
+    let key = "cancel-test";
+    let p = shared_pacer(&server.url(), key, PacingMode::Window { limit: 2, window: Duration::from_secs(1) });
+    let t0 = Instant::now();
+    for _ in 0..2 {
+        p.acquire(&Ctx::new(Abort::new())).await.unwrap();
+    }
+    let mut waiters = vec![];
+    for _ in 0..6 {
+        let p = p.clone();
+        waiters.push(tokio::spawn(async move {
+            let ctx = Ctx { abort: Abort::new(), deadline: Some(Instant::now() + Duration::from_millis(100)) };
+            p.acquire(&ctx).await
+        }));
+    }
+    for w in waiters {
+        assert!(w.await.unwrap().is_err());
+    }
+    assert_eq!(zcard(&server.url(), key).await, 2, "the six cancelled members are gone from Redis");
+    p.acquire(&Ctx::new(Abort::new())).await.unwrap();
+    let waited = t0.elapsed();
+    assert!(waited >= Duration::from_millis(1000) - JITTER && waited < Duration::from_millis(1500), "{waited:?}");
+    assert!(p.store().is_some_and(|s| !s.is_down()));
+    assert!(pacer::take_warnings().is_empty());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_shared_pause_holds_other_processes_waiters() {
+    let _serial = SERIAL.lock().await;
+    let server = Server::start();
+    let key = "pause-test";
+    let mode = PacingMode::Window { limit: 1, window: Duration::from_millis(200) };
+    let a = shared_pacer(&server.url(), key, mode);
+    let b = shared_pacer(&server.url(), key, mode);
+    a.acquire(&Ctx::new(Abort::new())).await.unwrap();
+    // b reserves the next slot (~200 ms out) and waits; then a sees a 429 with 600 ms.
+    let waiter = {
+        let b = b.clone();
+        tokio::spawn(async move {
+            b.acquire(&Ctx::new(Abort::new())).await.unwrap();
+            Instant::now()
+        })
+    };
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    let paused_at = Instant::now();
+    a.pause(Duration::from_millis(600)).await;
+    let started = waiter.await.unwrap();
+    assert!(started >= paused_at + Duration::from_millis(600) - JITTER, "{:?}", started - paused_at);
+    // And a fresh caller of b (which never saw the 429) is held too.
+    let t = Instant::now();
+    b.acquire(&Ctx::new(Abort::new())).await.unwrap();
+    assert!(Instant::now() >= t.min(started) + Duration::from_millis(200) - JITTER);
+    assert!(pacer::take_warnings().is_empty());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn store_down_falls_back_once_and_comes_back() {
+    let _serial = SERIAL.lock().await;
+    let _ = pacer::take_warnings();
+    let mut server = Server::start();
+    let key = "outage-test";
+    let mode = PacingMode::Window { limit: 5, window: Duration::from_millis(300) };
+    let p = shared_pacer(&server.url(), key, mode);
+    for _ in 0..3 {
+        p.acquire(&Ctx::new(Abort::new())).await.unwrap();
+    }
+    assert_eq!(zcard(&server.url(), key).await, 3);
+
+    // Killed: every call still gets a slot (local budget, same rule), one warning in all.
+    server.kill();
+    let mut starts = vec![];
+    let t = Instant::now();
+    for _ in 0..12 {
+        p.acquire(&Ctx::new(Abort::new())).await.unwrap();
+        starts.push(Instant::now());
+    }
+    assert!(t.elapsed() < Duration::from_secs(3), "{:?}", t.elapsed());
+    assert!(max_in_window(&starts, mode.rule().unwrap().window - JITTER) <= 5);
+    assert_eq!(pacer::take_warnings(), vec![STORE_DOWN]);
+
+    // Back on the same port: after the backoff the store is used again.
+    server.spawn();
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while p.store().unwrap().is_down() {
+        assert!(Instant::now() < deadline, "the store was not used again");
+        p.acquire(&Ctx::new(Abort::new())).await.unwrap();
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert!(zcard(&server.url(), key).await >= 1);
+    assert_eq!(pacer::take_warnings(), vec![STORE_RESTORED]);
+
+    // Slow (stopped): a decision gives up after its bound; a cleanup's wait is not held.
+    server.signal("-STOP");
+    let ctx = Ctx { abort: Abort::new(), deadline: Some(Instant::now() + Duration::from_secs(2)) };
+    let t = Instant::now();
+    p.acquire(&ctx).await.unwrap();
+    assert!(t.elapsed() < Duration::from_secs(1), "{:?}", t.elapsed());
+    assert_eq!(pacer::take_warnings(), vec![STORE_DOWN]);
+    server.signal("-CONT");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_url_never_shows() {
+    let url = "redis://:hunter2-secret@127.0.0.1:1/0";
+    let store = RedisStore::new(url).unwrap();
+    let c = createos_execute_core::config::parse_config(
+        &serde_json::json!({"apiUrl": "https://x.io", "pacing": {"store": url}}),
+    )
+    .unwrap();
+    assert!(!format!("{:?}", c.pacing).contains("hunter2"));
+    drop(store);
+    let bad = createos_execute_core::config::parse_config(
+        &serde_json::json!({"apiUrl": "https://x.io", "pacing": {"store": "rediz://:hunter2@h"}}),
+    );
+    assert!(!bad.err().unwrap().to_string().contains("hunter2"));
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 6, ..ProptestConfig::default() })]
+
+    /// Two "processes" (each its own connection) share one budget key; callers arrive in any
+    /// order, some give up while they wait: no window over the limit, and what was given up
+    /// is gone from Redis.
+    #[test]
+    fn shared_callers_never_exceed_the_window(
+        limit in 1usize..5,
+        window_ms in 150u64..400,
+        callers in proptest::collection::vec((0u64..600, any::<bool>(), proptest::option::of(20u64..300)), 4..24),
+    ) {
+        let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().unwrap();
+        let (starts, members, granted) = rt.block_on(async move {
+            let _serial = SERIAL.lock().await;
+            let server = Server::start();
+            let key = "prop";
+            let window = Duration::from_millis(window_ms);
+            let mode = PacingMode::Window { limit, window };
+            let pacers = [shared_pacer(&server.url(), key, mode), shared_pacer(&server.url(), key, mode)];
+            let starts = Arc::new(Mutex::new(vec![]));
+            let mut tasks = vec![];
+            for (delay, which, give_up) in callers {
+                let p = pacers[usize::from(which)].clone();
+                let starts = starts.clone();
+                tasks.push(tokio::spawn(async move {
+                    tokio::time::sleep(Duration::from_millis(delay)).await;
+                    let ctx = Ctx {
+                        abort: Abort::new(),
+                        deadline: give_up.map(|ms| Instant::now() + Duration::from_millis(ms)),
+                    };
+                    if p.acquire(&ctx).await.is_ok() {
+                        starts.lock().unwrap().push(Instant::now());
+                    }
+                }));
+            }
+            for t in tasks {
+                t.await.unwrap();
+            }
+            let starts = starts.lock().unwrap().clone();
+            let members = zcard(&server.url(), key).await;
+            assert!(pacers.iter().all(|p| !p.store().unwrap().is_down()));
+            let granted = starts.len();
+            (starts, members, granted)
+        });
+        prop_assert!(max_in_window(&starts, Duration::from_millis(window_ms) - JITTER) <= limit);
+        prop_assert!(usize::try_from(members).unwrap() <= granted, "cancelled members left in Redis");
+    }
+}
