@@ -11,8 +11,29 @@ export type CreateosPacing =
   | 'window'
   | 'spacing'
   | 'off'
-  | { limit: number; windowMs?: number }
-  | { intervalMs: number }
+  | ({ limit?: number; windowMs?: number } & CreateosPacingShared)
+  | ({ intervalMs: number } & CreateosPacingShared)
+
+/** Where the budget lives, and under which key. */
+export interface CreateosPacingShared {
+  /**
+   * `redis://…` or `rediss://…` (TLS: bundled web roots plus `NODE_EXTRA_CA_CERTS`): one budget
+   * shared by every process and host using this store, decided atomically in Redis on the
+   * server's clock. `false`: this process only, even when `CREATEOS_PACING_STORE` is set.
+   * Default: `CREATEOS_PACING_STORE`, else this process only. While the store does not answer
+   * (250 ms per decision), requests fall back to this process's own budget with the same rule;
+   * `process.emitWarning` says so once per outage (code `CREATEOS_PACING_STORE_DOWN`) and once
+   * when it answers again (`CREATEOS_PACING_STORE_RESTORED`). The URL never appears in an error
+   * or a warning.
+   */
+  store?: string | false
+  /**
+   * The budget key (1–200 printable ASCII characters, no spaces or braces). Default: the API
+   * origin. Give the same key to clients that share one IP budget across origins or keys; it
+   * must not contain the API key.
+   */
+  key?: string
+}
 
 /** `client.config` as this package reads it. Extra host fields are allowed and ignored. */
 export interface CreateosConfigLike {
@@ -22,7 +43,7 @@ export interface CreateosConfigLike {
   apiKey?: string | null
   /** Per-request deadline and the fresh cleanup deadline, in ms. Default 300000. */
   timeoutMs?: number
-  /** Request pacing per API origin. Default `'window'` (300 starts in any 60 s). */
+  /** Request pacing per budget key (the API origin by default). Default `'window'` (300 starts in any 60 s), in this process or in `CREATEOS_PACING_STORE`. */
   pacing?: CreateosPacing
   /** Grace periods of successive DELETE attempts during cleanup, in ms; the last one repeats until the deadline. Default `[1000, 5000]`. */
   cleanupGraceMs?: number[]

@@ -94,7 +94,17 @@ function toError(e) {
   }
 }
 
+// Warnings the core queued (e.g. the shared pacing store went down or came back); each
+// arrives on exactly one outcome. Fixed text and a code, never a URL.
+function emitWarnings(outcome) {
+  const warnings = outcome && Array.isArray(outcome.warnings) ? outcome.warnings : []
+  for (const w of warnings) {
+    if (w && typeof w.message === 'string') process.emitWarning(w.message, { code: w.code })
+  }
+}
+
 function unwrap(outcome) {
+  emitWarnings(outcome)
   if (outcome && outcome.ok) return outcome.value
   throw toError(outcome && outcome.error)
 }
@@ -128,6 +138,16 @@ function nativeClient(client) {
   out.apiUrl = config.apiUrl
   out.apiKey = resolveApiKey(client, config)
   out.timeoutMs = config.timeoutMs ?? DEFAULT_TIMEOUT_MS
+  delete out.pacingStoreDefault
+  withStoreDefault(out)
+  return out
+}
+
+// CREATEOS_PACING_STORE: the pacing store of every client that names none (read here
+// because a worker thread's process.env is its own).
+function withStoreDefault(out) {
+  const store = process.env.CREATEOS_PACING_STORE
+  if (typeof store === 'string' && store.trim() !== '') out.pacingStoreDefault = store
   return out
 }
 
@@ -268,10 +288,16 @@ async function followProcess(client, sandboxId, processId, signal, onData, onCon
     }
     return native.followProcessNative(c, sandboxId, processId, handle, onEvent)
   })
-  if (failed) throw callbackError
+  if (failed) {
+    emitWarnings(outcome)
+    throw callbackError
+  }
   // As in the TypeScript module, an aborted follow rejects with the signal's reason
   // (the host aborts its own follower with a reason of its choosing).
-  if (isCancelled(outcome) && signal && signal.aborted) throw signal.reason
+  if (isCancelled(outcome) && signal && signal.aborted) {
+    emitWarnings(outcome)
+    throw signal.reason
+  }
   return unwrap(outcome)
 }
 
@@ -281,9 +307,12 @@ function isCancelled(outcome) {
 }
 
 async function waitForRequest(apiUrl, signal) {
-  const c = { apiUrl, apiKey: '', timeoutMs: DEFAULT_TIMEOUT_MS }
+  const c = withStoreDefault({ apiUrl, apiKey: '', timeoutMs: DEFAULT_TIMEOUT_MS })
   const outcome = await withCancel(signal, (handle) => native.waitForRequestNative(c, handle))
-  if (isCancelled(outcome) && signal && signal.aborted) throw signal.reason
+  if (isCancelled(outcome) && signal && signal.aborted) {
+    emitWarnings(outcome)
+    throw signal.reason
+  }
   unwrap(outcome)
 }
 

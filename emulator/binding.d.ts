@@ -40,4 +40,4 @@ export interface ProcessOutput {
 }
 
 /** Starts the local CreateOS emulator on 127.0.0.1. */
-export declare function startEmulator(options?: { port?: number; apiKey?: string; rateLimitPerMinute?: number | null; journalBytes?: number; tls?: boolean; http2?: boolean; rttMs?: number; holdHeaders?: boolean; heartbeatMs?: number } | undefined | null): Promise<Emulator>
+export declare function startEmulator(options?: { port?: number; apiKey?: string; rateLimitPerMinute?: number | null; rateLimit?: { limit: number; windowMs: number } | null; journalBytes?: number; tls?: boolean; http2?: boolean; rttMs?: number; holdHeaders?: boolean; heartbeatMs?: number } | undefined | null): Promise<Emulator>

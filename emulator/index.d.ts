@@ -8,6 +8,12 @@ export interface EmulatorOptions {
   apiKey?: string
   /** Requests per minute per key; `null` turns the limit off. Default 300. */
   rateLimitPerMinute?: number | null
+  /**
+   * `limit` requests per sliding `windowMs` per key (replaces `rateLimitPerMinute` when given).
+   * A request over it gets 429 with `Retry-After` (whole seconds, at least 1) and does not count;
+   * every request, 429s included, is in `requests()`.
+   */
+  rateLimit?: { limit: number; windowMs: number } | null
   /** Output journal per process, in bytes. Default 1 MiB. */
   journalBytes?: number
   /**

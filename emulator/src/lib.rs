@@ -19,7 +19,7 @@ pub struct ProcessOutput {
 
 /// Starts the local CreateOS emulator on 127.0.0.1.
 #[napi(
-    ts_args_type = "options?: { port?: number; apiKey?: string; rateLimitPerMinute?: number | null; journalBytes?: number; tls?: boolean; http2?: boolean; rttMs?: number; holdHeaders?: boolean; heartbeatMs?: number } | undefined | null"
+    ts_args_type = "options?: { port?: number; apiKey?: string; rateLimitPerMinute?: number | null; rateLimit?: { limit: number; windowMs: number } | null; journalBytes?: number; tls?: boolean; http2?: boolean; rttMs?: number; holdHeaders?: boolean; heartbeatMs?: number } | undefined | null"
 )]
 pub async fn start_emulator(options: Option<Value>) -> Result<Emulator> {
     let opts: EmulatorOptions = match options {

@@ -120,6 +120,9 @@ pub struct EmulatorOptions {
     pub api_key: Option<String>,
     /// Requests per sliding 60 s window per API key. Default `Some(300)`; `None` or 0 = off.
     pub rate_limit_per_minute: Option<u32>,
+    /// `limit` requests per sliding `windowMs` per API key; replaces `rate_limit_per_minute`
+    /// when given. Requests over it get 429 with `Retry-After` and do not count.
+    pub rate_limit: Option<RateLimit>,
     /// Raw output bytes retained per process in the replay journal. Default 1 MiB.
     pub journal_bytes: usize,
     /// Root directory for sandbox directories. Default: a fresh temp dir removed on close.
@@ -149,6 +152,7 @@ impl Default for EmulatorOptions {
             port: 0,
             api_key: None,
             rate_limit_per_minute: Some(300),
+            rate_limit: None,
             journal_bytes: 1_048_576,
             root_dir: None,
             tls: false,
@@ -158,6 +162,14 @@ impl Default for EmulatorOptions {
             heartbeat_ms: 5_000,
         }
     }
+}
+
+/// A sliding-window request limit (`{ limit, windowMs }`).
+#[derive(Clone, Copy, Debug, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct RateLimit {
+    pub limit: u32,
+    pub window_ms: u64,
 }
 
 /// One HTTP request as seen by the emulator.
@@ -195,6 +207,7 @@ pub(crate) struct Inner {
     pub started: Instant,
     pub journal_bytes: usize,
     pub rate_limit: Option<u32>,
+    pub rate_window: Duration,
     pub addr: SocketAddr,
     /// The CA's PEM when serving HTTPS.
     pub ca_pem: Option<String>,
@@ -320,7 +333,8 @@ pub async fn start(opts: EmulatorOptions) -> std::io::Result<Emulator> {
         owns_root,
         started: Instant::now(),
         journal_bytes: opts.journal_bytes,
-        rate_limit: opts.rate_limit_per_minute.filter(|n| *n > 0),
+        rate_limit: opts.rate_limit.map_or(opts.rate_limit_per_minute, |r| Some(r.limit)).filter(|n| *n > 0),
+        rate_window: opts.rate_limit.map_or(Duration::from_secs(60), |r| Duration::from_millis(r.window_ms.max(1))),
         addr,
         ca_pem: tls.as_ref().map(|t| t.ca_pem.clone()),
         hold_headers: opts.hold_headers,

@@ -32,7 +32,6 @@ const WAIT_DEFAULT_MS: u64 = 30_000;
 const WAIT_MAX_MS: u64 = 300_000;
 const DELETE_GRACE_DEFAULT_MS: u64 = 1_000;
 const DELETE_GRACE_MAX_MS: u64 = 600_000;
-const RATE_WINDOW: Duration = Duration::from_secs(60);
 const STREAM_CHANNEL: usize = 8;
 pub(crate) const FAULT_SECRET: &str = "secret-body-token";
 
@@ -175,11 +174,11 @@ fn rate_check(inner: &Inner, key: &str) -> Option<u64> {
     let now = Instant::now();
     let mut g = inner.rate.lock().unwrap();
     let q = g.entry(key.to_string()).or_default();
-    while q.front().is_some_and(|t| now.duration_since(*t) >= RATE_WINDOW) {
+    while q.front().is_some_and(|t| now.duration_since(*t) >= inner.rate_window) {
         q.pop_front();
     }
     if q.len() >= limit {
-        let free_at = *q.front().unwrap() + RATE_WINDOW;
+        let free_at = *q.front().unwrap() + inner.rate_window;
         let secs = free_at.saturating_duration_since(now).as_secs_f64().ceil() as u64;
         return Some(secs.max(1));
     }

@@ -86,6 +86,8 @@ fn options_from_json() {
         serde_json::from_str(r#"{"tls":true,"http2":false,"rttMs":50,"holdHeaders":true,"heartbeatMs":1000}"#).unwrap();
     assert!(o.tls && !o.http2 && o.hold_headers);
     assert_eq!((o.rtt_ms, o.heartbeat_ms), (50, 1_000));
+    let o: EmulatorOptions = serde_json::from_str(r#"{"rateLimit":{"limit":20,"windowMs":2000}}"#).unwrap();
+    assert_eq!(o.rate_limit.map(|r| (r.limit, r.window_ms)), Some((20, 2000)));
 }
 
 #[test]

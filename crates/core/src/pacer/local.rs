@@ -119,7 +119,7 @@ impl Local {
     }
 
     /// Reservations held (past starts still in a window, and waiters); for tests.
-    pub fn len(&self) -> usize {
+    pub fn held(&self) -> usize {
         self.lock().starts.len()
     }
 }

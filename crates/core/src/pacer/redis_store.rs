@@ -314,9 +314,11 @@ impl RedisStore {
     }
 }
 
+type Stores = Mutex<Vec<(String, Arc<RedisStore>)>>;
+
 /// The process-wide store of `url` (one client and connection per URL).
 pub fn for_url(url: &str) -> Option<Arc<RedisStore>> {
-    static STORES: std::sync::OnceLock<Mutex<Vec<(String, Arc<RedisStore>)>>> = std::sync::OnceLock::new();
+    static STORES: std::sync::OnceLock<Stores> = std::sync::OnceLock::new();
     let mut stores = lock(STORES.get_or_init(Default::default));
     if let Some((_, s)) = stores.iter().find(|(u, _)| u == url) {
         return Some(s.clone());
