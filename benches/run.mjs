@@ -3,7 +3,7 @@
 // local emulator. Prints the machine, a table (median of N runs with min/max)
 // and writes bench-results/latest.json.
 //
-//   node benches/run.mjs [--quick] [--runs N] [--sections 1,2,3,4,5,6,7]
+//   node benches/run.mjs [--quick] [--runs N] [--sections 1,2,3,4,5,6,7,8]
 //                        [--emulator child|inproc|both] [--baseline build|auto|skip]
 //                        [--out FILE]
 //
@@ -22,9 +22,13 @@
 // fresh node process, benches/cold-child.cjs), and with holdHeaders + a 5 s heartbeat; it
 // prints wall time, wall/RTT, requests per command and connections opened per command.
 //
+// §8 (shared pacing) starts a redis-server of its own (skipped when none is installed) and
+// runs 1/2/4 host processes (__test__/pacing-child.mjs) at one budget, shared store vs per
+// process; then the cost of one decision (waitForRequest) with and without the store.
+//
 // Nothing here asserts timings: the machine may be noisy. Targets are printed beside
 // the numbers for the reader.
-import { execFile, execFileSync, fork } from 'node:child_process'
+import { execFile, execFileSync, fork, spawn } from 'node:child_process'
 import { existsSync, mkdirSync, writeFileSync, unlinkSync } from 'node:fs'
 import { createRequire } from 'node:module'
 import os from 'node:os'
@@ -64,7 +68,7 @@ function parseArgs(argv) {
       case '--baseline': o.baseline = val(); break
       case '--out': o.out = val(); break
       case '-h': case '--help':
-        process.stdout.write('usage: node benches/run.mjs [--quick] [--runs N] [--sections 1,2,3,4,5,6,7] [--emulator child|inproc|both] [--baseline build|auto|skip] [--out FILE]\n')
+        process.stdout.write('usage: node benches/run.mjs [--quick] [--runs N] [--sections 1,2,3,4,5,6,7,8] [--emulator child|inproc|both] [--baseline build|auto|skip] [--out FILE]\n')
         process.exit(0)
         break
       default: throw new Error(`unknown argument ${a}`)
@@ -77,7 +81,7 @@ function parseArgs(argv) {
   return {
     ...o,
     runs: o.runs ?? (q ? 3 : 5),
-    sections: o.sections ?? new Set(['1', '2', '3', '4', '5', '6', '7']),
+    sections: o.sections ?? new Set(['1', '2', '3', '4', '5', '6', '7', '8']),
     emulator: o.emulator ?? (q ? 'child' : 'both'),
     baseline: o.baseline ?? (q ? 'auto' : 'build'),
     out: o.out ?? join(ROOT, 'bench-results', q ? 'quick.json' : 'latest.json'),
@@ -91,6 +95,16 @@ function parseArgs(argv) {
       warmRuns: q ? 2 : (o.runs ?? 5),
       coldRuns: q ? 1 : 3,
       holdRtts: q ? [50] : [0, 50, 100],
+    },
+    // §8: processes per row, seconds per row, store decisions timed.
+    // The client's window is the server's plus a margin for the trip (a start decided in Redis
+    // reaches the server a little later).
+    pacing: {
+      processes: q ? [1, 2] : [1, 2, 4],
+      seconds: q ? 1.2 : 6,
+      server: q ? { limit: 10, windowMs: 300 } : { limit: 30, windowMs: 1000 },
+      client: q ? { limit: 10, windowMs: 400 } : { limit: 30, windowMs: 1200 },
+      decisions: q ? 300 : 3000,
     },
   }
 }
@@ -146,8 +160,8 @@ function kindOf(r) {
 
 /** Every emulator started, so that the end of the run can check for survivors and close them. */
 const emulators = []
-async function emulator(where) {
-  const e = await startEmu(where === 'inproc' ? 'inproc' : 'child')
+async function emulator(where, options) {
+  const e = await startEmu(where === 'inproc' ? 'inproc' : 'child', options)
   emulators.push(e)
   return e
 }
@@ -692,6 +706,132 @@ function machine() {
   }
 }
 
+// ---------------------------------------------------------------------------
+// §8 one budget for several processes: a shared Redis store vs per-process budgets
+
+/** A redis-server of this run on a free loopback port in a temp dir (ended by pid), or null. */
+async function startRedis() {
+  const { mkdtempSync, rmSync } = await import('node:fs')
+  const net = await import('node:net')
+  const port = await new Promise((resolve, reject) => {
+    const srv = net.createServer()
+    srv.once('error', reject)
+    srv.listen(0, '127.0.0.1', () => { const p = srv.address().port; srv.close(() => resolve(p)) })
+  })
+  const dir = mkdtempSync(join(os.tmpdir(), 'createos-bench-redis-'))
+  let proc
+  try {
+    proc = spawn('redis-server', ['--port', String(port), '--bind', '127.0.0.1', '--save', '', '--appendonly', 'no', '--dir', dir], { stdio: 'ignore' })
+    await new Promise((resolve, reject) => { proc.once('spawn', resolve); proc.once('error', reject) })
+  } catch {
+    rmSync(dir, { recursive: true, force: true })
+    return null
+  }
+  for (let i = 0; i < 200; i++) {
+    const up = await new Promise((resolve) => {
+      const c = net.connect(port, '127.0.0.1', () => { c.end(); resolve(true) })
+      c.once('error', () => resolve(false))
+    })
+    if (up) break
+    await sleep(25)
+  }
+  return {
+    url: `redis://127.0.0.1:${port}/0`,
+    async stop() {
+      if (proc.exitCode === null && proc.signalCode === null) {
+        const gone = new Promise((r) => proc.once('exit', r))
+        process.kill(proc.pid, 'SIGKILL')
+        await gone
+      }
+      rmSync(dir, { recursive: true, force: true })
+    },
+  }
+}
+
+/** `n` host processes (one worker thread each, __test__/pacing-child.mjs) for `seconds`. */
+async function pacedProcesses(emu, n, seconds, pacing) {
+  const child = join(ROOT, '__test__', 'pacing-child.mjs')
+  const env = { ...process.env }
+  delete env.CREATEOS_PACING_STORE
+  const runs = []
+  for (let i = 0; i < n; i++) {
+    const arg = { url: emu.url, apiKey: emu.apiKey, sandboxes: [await emu.createSandbox()], durationMs: seconds * 1000, concurrency: 4, deadlineMs: 30_000, pacing }
+    runs.push(execFileP(process.execPath, [child, JSON.stringify(arg)], { env, timeout: 60_000 }).then(({ stdout }) => JSON.parse(stdout.trim().split('\n').pop())))
+  }
+  return Promise.all(runs)
+}
+
+async function sharedPacing(opts) {
+  const redis = await startRedis()
+  if (!redis) {
+    rows.push({ section: '8', metric: 'shared pacing store', unit: '', note: 'redis-server not found: section skipped' })
+    return { skipped: 'redis-server not found' }
+  }
+  const out = { rows: [] }
+  try {
+    const emuLimit = opts.pacing.server
+    const pacing = opts.pacing.client
+    // Steady state (3 requests per echo); a short run also gets the first window's burst.
+    const budgetCpm = (pacing.limit / pacing.windowMs) * 60_000 / 3
+    const { seconds } = opts.pacing
+    for (const n of opts.pacing.processes) {
+      for (const [label, store] of [['shared store', redis.url], ['per process', false]]) {
+        log(`§8 ${n} process(es), ${label}, ${seconds} s`)
+        const emu = await emulator('child', { rateLimit: emuLimit })
+        const t = now()
+        const rs = await pacedProcesses(emu, n, seconds, { ...pacing, store })
+        const ms = now() - t
+        const reqs = await emu.requests()
+        const ok = rs.reduce((a, r) => a + r.ok, 0)
+        const failed = rs.reduce((a, r) => a + r.failed.length + r.wrong, 0)
+        const n429 = reqs.filter((r) => r.status === 429).length
+        const cpm = ok / (ms / 60_000)
+        out.rows.push({ processes: n, store: label, commands: ok, failed, requests: reqs.length, status429: n429, ms, cpm })
+        row('8', `${n} process${n > 1 ? 'es' : ''}, ${label}: commands per minute`, stats([cpm]), 'cmd/min',
+          `${ok} ok, ${failed} failed, ${n429} × 429 in ${fmt(ms / 1000, 1)} s; server ${emuLimit.limit}/${emuLimit.windowMs} ms, client ${pacing.limit}/${pacing.windowMs} ms ≈ ${fmt(budgetCpm, 0)} cmd/min`, 0)
+        // Closed here (one emulator child per row), not left for closeAll.
+        const live = await emu.livePids()
+        if (live.length) note(`§8: processes still alive when the emulator closed: ${live.join(', ')}`)
+        emulators.splice(emulators.indexOf(emu), 1)
+        await emu.close()
+      }
+    }
+    // The cost of one decision: `waitForRequest` on a budget that never makes anyone wait,
+    // with the store and without it (the difference is the store's round trip).
+    const n = opts.pacing.decisions
+    const { waitForRequest } = require(join(ROOT, 'index.js'))
+    const emu = await emulator('child')
+    const origins = { shared: emu.url, local: emu.url.replace('127.0.0.1', 'localhost') }
+    const big = { limit: 1_000_000, windowMs: 60_000 }
+    const sb = await emu.createSandbox()
+    for (const [label, url, store] of [['shared store', origins.shared, redis.url], ['in-process', origins.local, false]]) {
+      log(`§8 one decision, ${label}, ${n} calls`)
+      await lib.execute({ config: { apiUrl: url, timeoutMs: 30_000, pacing: { ...big, store } }, apiKey: emu.apiKey }, cmd(sb, 'true'))
+      const saved = process.env.CREATEOS_PACING_STORE
+      if (store) process.env.CREATEOS_PACING_STORE = store
+      else delete process.env.CREATEOS_PACING_STORE
+      const us = []
+      try {
+        for (let i = 0; i < n; i++) {
+          const t = now()
+          await waitForRequest(url)
+          us.push((now() - t) * 1000)
+        }
+      } finally {
+        if (saved === undefined) delete process.env.CREATEOS_PACING_STORE
+        else process.env.CREATEOS_PACING_STORE = saved
+      }
+      us.sort((a, b) => a - b)
+      const p99 = us[Math.min(us.length - 1, Math.floor(us.length * 0.99))]
+      out[label] = { medianUs: stats(us).median, p99Us: p99 }
+      row('8', `one pacing decision (waitForRequest), ${label}`, stats(us), 'µs', `p99 ${fmt(p99, 0)} µs; ${n} calls`, 0)
+    }
+  } finally {
+    await redis.stop()
+  }
+  return out
+}
+
 async function main() {
   const opts = parseArgs(process.argv.slice(2))
   const m = machine()
@@ -709,6 +849,7 @@ async function main() {
     if (opts.sections.has('5')) results.concurrent = await concurrent(opts)
     if (opts.sections.has('6')) results.quietWaiting = await quietWaiting(opts)
     if (opts.sections.has('7')) results.wan = await wan(opts)
+    if (opts.sections.has('8')) results.sharedPacing = await sharedPacing(opts)
   } finally {
     survivors = await closeAll()
   }

@@ -240,6 +240,55 @@ async fn the_url_never_shows() {
     assert!(!bad.err().unwrap().to_string().contains("hunter2"));
 }
 
+/// `rediss://` with the client's trust rules: a server whose CA is only in
+/// `NODE_EXTRA_CA_CERTS` is trusted when that variable names it, and refused (fallback, one
+/// warning) when it does not. Certificates made with the `openssl` command line.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn rediss_trusts_node_extra_ca_certs() {
+    let _serial = SERIAL.lock().await;
+    let _ = pacer::take_warnings();
+    let dir = std::env::temp_dir().join(format!("createos-redis-tls-{}", uuid_like()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let run = |args: &[&str]| {
+        let ok = Command::new("openssl").args(args).current_dir(&dir).stderr(Stdio::null()).status();
+        assert!(ok.is_ok_and(|s| s.success()), "openssl {args:?}");
+    };
+    run(&["req", "-x509", "-newkey", "rsa:2048", "-nodes", "-keyout", "ca.key", "-out", "ca.pem", "-days", "2", "-subj", "/CN=createos-test-ca"]);
+    run(&["req", "-newkey", "rsa:2048", "-nodes", "-keyout", "srv.key", "-out", "srv.csr", "-subj", "/CN=localhost"]);
+    std::fs::write(dir.join("ext"), "subjectAltName=DNS:localhost\n").unwrap();
+    run(&["x509", "-req", "-in", "srv.csr", "-CA", "ca.pem", "-CAkey", "ca.key", "-CAcreateserial", "-out", "srv.pem", "-days", "2", "-extfile", "ext"]);
+    let port = free_port();
+    let child = Command::new("redis-server")
+        .args(["--port", "0", "--tls-port", &port.to_string(), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no"])
+        .args(["--tls-cert-file", "srv.pem", "--tls-key-file", "srv.key", "--tls-ca-cert-file", "ca.pem", "--tls-auth-clients", "no"])
+        .current_dir(&dir)
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let mut server = Server { child: Some(child), port, dir: dir.clone() };
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    while std::net::TcpStream::connect(("127.0.0.1", port)).is_err() {
+        assert!(std::time::Instant::now() < deadline, "redis-server (TLS) did not start");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let url = format!("rediss://localhost:{port}/0");
+    let mode = PacingMode::Window { limit: 5, window: Duration::from_millis(200) };
+
+    std::env::set_var("NODE_EXTRA_CA_CERTS", dir.join("ca.pem"));
+    let trusted = shared_pacer(&url, "tls", mode);
+    std::env::remove_var("NODE_EXTRA_CA_CERTS");
+    trusted.acquire(&Ctx::new(Abort::new())).await.unwrap();
+    assert!(!trusted.store().unwrap().is_down(), "TLS with the extra CA works");
+    assert!(pacer::take_warnings().is_empty());
+
+    let untrusted = shared_pacer(&url, "tls", mode);
+    untrusted.acquire(&Ctx::new(Abort::new())).await.unwrap();
+    assert!(untrusted.store().unwrap().is_down(), "an unknown CA is refused");
+    assert_eq!(pacer::take_warnings(), vec![STORE_DOWN]);
+    server.kill();
+}
+
 proptest! {
     #![proptest_config(ProptestConfig { cases: 6, ..ProptestConfig::default() })]
 
