@@ -249,18 +249,19 @@ async fn rediss_trusts_node_extra_ca_certs() {
     let _ = pacer::take_warnings();
     let dir = std::env::temp_dir().join(format!("createos-redis-tls-{}", uuid_like()));
     std::fs::create_dir_all(&dir).unwrap();
-    let run = |args: &[&str]| {
-        let ok = Command::new("openssl").args(args).current_dir(&dir).stderr(Stdio::null()).status();
-        assert!(ok.is_ok_and(|s| s.success()), "openssl {args:?}");
+    let run = |args: &str| {
+        let ok = Command::new("openssl").args(args.split(' ')).current_dir(&dir).stderr(Stdio::null()).status();
+        assert!(ok.is_ok_and(|s| s.success()), "openssl {args}");
     };
-    run(&["req", "-x509", "-newkey", "rsa:2048", "-nodes", "-keyout", "ca.key", "-out", "ca.pem", "-days", "2", "-subj", "/CN=createos-test-ca"]);
-    run(&["req", "-newkey", "rsa:2048", "-nodes", "-keyout", "srv.key", "-out", "srv.csr", "-subj", "/CN=localhost"]);
+    run("req -x509 -newkey rsa:2048 -nodes -keyout ca.key -out ca.pem -days 2 -subj /CN=createos-test-ca");
+    run("req -newkey rsa:2048 -nodes -keyout srv.key -out srv.csr -subj /CN=localhost");
     std::fs::write(dir.join("ext"), "subjectAltName=DNS:localhost\n").unwrap();
-    run(&["x509", "-req", "-in", "srv.csr", "-CA", "ca.pem", "-CAkey", "ca.key", "-CAcreateserial", "-out", "srv.pem", "-days", "2", "-extfile", "ext"]);
+    run("x509 -req -in srv.csr -CA ca.pem -CAkey ca.key -CAcreateserial -out srv.pem -days 2 -extfile ext");
     let port = free_port();
     let child = Command::new("redis-server")
-        .args(["--port", "0", "--tls-port", &port.to_string(), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no"])
-        .args(["--tls-cert-file", "srv.pem", "--tls-key-file", "srv.key", "--tls-ca-cert-file", "ca.pem", "--tls-auth-clients", "no"])
+        .args(["--port", "0", "--tls-port", &port.to_string(), "--bind", "127.0.0.1", "--save", ""])
+        .args("--appendonly no --tls-cert-file srv.pem --tls-key-file srv.key".split(' '))
+        .args("--tls-ca-cert-file ca.pem --tls-auth-clients no".split(' '))
         .current_dir(&dir)
         .stdout(Stdio::null())
         .stderr(Stdio::null())
