@@ -146,6 +146,23 @@ test('four processes × two threads share one budget in Redis: zero 429s, no win
   console.log(`per-process budgets (contrast): ${lok} commands ok, ${lfailed} failed, ${lreqs.length} requests in ${Date.now() - t1} ms, ${l429} × 429`)
 })
 
+test('the store URL (and its password) never appears in an error', async () => {
+  const { lib } = await import('./helpers.mjs')
+  for (const [pacing, env] of [[{ limit: 5, store: 'rediz://:hunter2-pw@h:1' }, undefined], ['window', 'memcached://:hunter2-pw@h:1']]) {
+    const saved = process.env.CREATEOS_PACING_STORE
+    if (env) process.env.CREATEOS_PACING_STORE = env
+    try {
+      await assert.rejects(
+        lib.execute({ config: { apiUrl: 'http://127.0.0.1:1', pacing }, apiKey: 'k' }, { lease: { providerLeaseId: 'sb' }, command: 'true' }),
+        (e) => e.code === 'CREATEOS_INVALID_INPUT' && !String(e.message).includes('hunter2') && !String(e.stack).includes('hunter2'),
+      )
+    } finally {
+      if (saved === undefined) delete process.env.CREATEOS_PACING_STORE
+      else process.env.CREATEOS_PACING_STORE = saved
+    }
+  }
+})
+
 test('Redis killed mid-run: the local budget takes over with one warning per process; restarted: shared again; nothing lost or hung', { timeout: 120_000 }, async () => {
   const redis = await startRedis()
   // No emulator limit here: while the store is down each process has its own budget, by design.

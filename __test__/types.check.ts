@@ -94,7 +94,13 @@ async function more(signal: AbortSignal): Promise<void> {
   await waitForRequest("https://api.sb.createos.sh", signal);
   await execute({ config: { apiUrl: "http://127.0.0.1:1", pacing: "off", leftoverProcesses: "terminate" } },
     { lease: { providerLeaseId: "sb" }, command: "echo", args: ["hi"], env: { A: "1" }, stdin: null });
-  const emu = await startEmulator({ rateLimitPerMinute: null });
+  await execute({ config: { apiUrl: "http://127.0.0.1:1", pacing: { limit: 20, windowMs: 2000, store: "redis://127.0.0.1:6379/0", key: "nat-1" } } },
+    { lease: { providerLeaseId: "sb" }, command: "true" });
+  await execute({ config: { apiUrl: "http://127.0.0.1:1", pacing: { intervalMs: 300, store: false } } },
+    { lease: { providerLeaseId: "sb" }, command: "true" });
+  // @ts-expect-error the store is a URL string or false
+  await execute({ config: { apiUrl: "http://127.0.0.1:1", pacing: { limit: 1, store: true } } }, { lease: { providerLeaseId: "sb" }, command: "true" });
+  const emu = await startEmulator({ rateLimitPerMinute: null, rateLimit: { limit: 20, windowMs: 2000 } });
   const url: string = emu.url;
   const live: number[] = emu.livePids();
   await emu.close();

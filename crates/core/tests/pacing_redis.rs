@@ -240,23 +240,33 @@ async fn the_url_never_shows() {
     assert!(!bad.err().unwrap().to_string().contains("hunter2"));
 }
 
+/// A throwaway CA (`ca.pem`) and a leaf for `localhost` (`srv.pem`, `srv.key`), made with rcgen.
+fn write_test_pki(dir: &std::path::Path) {
+    use rcgen::{BasicConstraints, CertificateParams, DnType, IsCa, Issuer, KeyPair};
+    let ca_key = KeyPair::generate().unwrap();
+    let mut ca = CertificateParams::default();
+    ca.distinguished_name.push(DnType::CommonName, "createos-execute pacing test CA");
+    ca.is_ca = IsCa::Ca(BasicConstraints::Constrained(0));
+    let ca_cert = ca.self_signed(&ca_key).unwrap();
+    let issuer = Issuer::new(ca, ca_key);
+    let leaf_key = KeyPair::generate().unwrap();
+    let leaf = CertificateParams::new(vec!["localhost".to_owned()]).unwrap();
+    let leaf_cert = leaf.signed_by(&leaf_key, &issuer).unwrap();
+    std::fs::write(dir.join("ca.pem"), ca_cert.pem()).unwrap();
+    std::fs::write(dir.join("srv.pem"), leaf_cert.pem()).unwrap();
+    std::fs::write(dir.join("srv.key"), leaf_key.serialize_pem()).unwrap();
+}
+
 /// `rediss://` with the client's trust rules: a server whose CA is only in
 /// `NODE_EXTRA_CA_CERTS` is trusted when that variable names it, and refused (fallback, one
-/// warning) when it does not. Certificates made with the `openssl` command line.
+/// warning) when it does not.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn rediss_trusts_node_extra_ca_certs() {
     let _serial = SERIAL.lock().await;
     let _ = pacer::take_warnings();
     let dir = std::env::temp_dir().join(format!("createos-redis-tls-{}", uuid_like()));
     std::fs::create_dir_all(&dir).unwrap();
-    let run = |args: &str| {
-        let ok = Command::new("openssl").args(args.split(' ')).current_dir(&dir).stderr(Stdio::null()).status();
-        assert!(ok.is_ok_and(|s| s.success()), "openssl {args}");
-    };
-    run("req -x509 -newkey rsa:2048 -nodes -keyout ca.key -out ca.pem -days 2 -subj /CN=createos-test-ca");
-    run("req -newkey rsa:2048 -nodes -keyout srv.key -out srv.csr -subj /CN=localhost");
-    std::fs::write(dir.join("ext"), "subjectAltName=DNS:localhost\n").unwrap();
-    run("x509 -req -in srv.csr -CA ca.pem -CAkey ca.key -CAcreateserial -out srv.pem -days 2 -extfile ext");
+    write_test_pki(&dir);
     let port = free_port();
     let child = Command::new("redis-server")
         .args(["--port", "0", "--tls-port", &port.to_string(), "--bind", "127.0.0.1", "--save", ""])
