@@ -117,8 +117,9 @@ fn max_in_window(starts: &[Instant], window: Duration) -> usize {
 }
 
 /// Decisions are made on the server's clock and the waits arrive over loopback: a start is
-/// observed here up to a few ms off. Windows are checked shrunk by this much.
-const JITTER: Duration = Duration::from_millis(25);
+/// observed here a little off (a busy machine delays a task by tens of ms). Windows are checked
+/// shrunk by this much.
+const JITTER: Duration = Duration::from_millis(50);
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn cancelled_waiters_free_their_slots_in_redis() {
@@ -309,7 +310,7 @@ proptest! {
     #[test]
     fn shared_callers_never_exceed_the_window(
         limit in 1usize..5,
-        window_ms in 150u64..400,
+        window_ms in 200u64..450,
         callers in proptest::collection::vec((0u64..600, any::<bool>(), proptest::option::of(20u64..300)), 4..24),
     ) {
         let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().unwrap();
