@@ -212,8 +212,13 @@ impl RedisStore {
         Some(true)
     }
 
-    fn answered(&self) {
+    /// Only a probe marks the store up again: an answer that was already on its way when the
+    /// outage was seen (a slow server) does not end it, so a flapping server warns once.
+    fn answered(&self, probe: bool) {
         let mut h = lock(&self.health);
+        if !probe {
+            return;
+        }
         h.probing = false;
         if h.down {
             h.down = false;
@@ -280,7 +285,7 @@ impl RedisStore {
         guard.disarm();
         match r {
             Ok(Ok(v)) => {
-                self.answered();
+                self.answered(probe);
                 Some(v)
             }
             _ => {
