@@ -17,7 +17,8 @@ export type CreateosPacing =
 /** Where the budget lives, and under which key. */
 export interface CreateosPacingShared {
   /**
-   * `redis://…` or `rediss://…` (TLS: bundled web roots plus `NODE_EXTRA_CA_CERTS`): one budget
+   * `redis://…` or `rediss://…` (TLS with the HTTP client's trust: bundled web roots, `NODE_EXTRA_CA_CERTS`,
+   * and the system store with `NODE_USE_SYSTEM_CA=1`): one budget
    * shared by every process and host using this store, decided atomically in Redis on the
    * server's clock. `false`: this process only, even when `CREATEOS_PACING_STORE` is set.
    * Default: `CREATEOS_PACING_STORE`, else this process only. While the store does not answer

@@ -9,6 +9,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use createos_execute_core::abort::{Abort, Ctx};
+use createos_execute_core::net::NetEnv;
 use createos_execute_core::pacer::redis_store::{RedisStore, KEY_PREFIX};
 use createos_execute_core::pacer::{self, Pacer, PacingMode, STORE_DOWN, STORE_RESTORED};
 use proptest::prelude::*;
@@ -287,14 +288,18 @@ async fn rediss_trusts_node_extra_ca_certs() {
     let url = format!("rediss://localhost:{port}/0");
     let mode = PacingMode::Window { limit: 5, window: Duration::from_millis(200) };
 
-    std::env::set_var("NODE_EXTRA_CA_CERTS", dir.join("ca.pem"));
-    let trusted = shared_pacer(&url, "tls", mode);
-    std::env::remove_var("NODE_EXTRA_CA_CERTS");
+    let ca = dir.join("ca.pem").to_string_lossy().into_owned();
+    let with_env = |env: NetEnv| {
+        let p = Pacer::with_key("tls", mode);
+        p.set_store(Some(Arc::new(RedisStore::with_env(&url, &env).unwrap())));
+        p
+    };
+    let trusted = with_env(NetEnv::from_pairs([("NODE_EXTRA_CA_CERTS", ca.as_str())]));
     trusted.acquire(&Ctx::new(Abort::new())).await.unwrap();
     assert!(!trusted.store().unwrap().is_down(), "TLS with the extra CA works");
     assert!(pacer::take_warnings().is_empty());
 
-    let untrusted = shared_pacer(&url, "tls", mode);
+    let untrusted = with_env(NetEnv::default());
     untrusted.acquire(&Ctx::new(Abort::new())).await.unwrap();
     assert!(untrusted.store().unwrap().is_down(), "an unknown CA is refused");
     assert_eq!(pacer::take_warnings(), vec![STORE_DOWN]);

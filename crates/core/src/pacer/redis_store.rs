@@ -24,6 +24,7 @@ use redis::aio::{ConnectionManager, ConnectionManagerConfig};
 use tokio::time::Instant;
 
 use super::{warn, Rule, STORE_DOWN, STORE_RESTORED};
+use crate::net::NetEnv;
 
 /// The bound of one decision (connect included).
 pub const DECISION_TIMEOUT: Duration = Duration::from_millis(250);
@@ -140,24 +141,37 @@ pub fn new_member() -> String {
     format!("{nonce}:{}", COUNTER.fetch_add(1, Ordering::Relaxed))
 }
 
-/// The trust roots for `rediss://`: the bundled web roots plus the PEM file named by
-/// `NODE_EXTRA_CA_CERTS` (the client's rules; a small function so it can be unified with the
-/// HTTP client's roots later). An unreadable extra file is skipped, as Node does.
-fn tls_roots_pem() -> Vec<u8> {
+/// The trust roots for `rediss://`, by the HTTP client's rules (`net.rs`): the bundled web
+/// roots, the PEM bundle named by `NODE_EXTRA_CA_CERTS` (skipped when unreadable, as Node
+/// does), and the system store with `NODE_USE_SYSTEM_CA=1`; as PEM, which is what redis-rs
+/// takes. (`caCertPem` is per client and not applied to the process-wide store connection.)
+fn tls_roots_pem(env: &NetEnv) -> Vec<u8> {
     use base64::Engine as _;
     let mut pem = String::new();
-    for der in webpki_root_certs::TLS_SERVER_ROOT_CERTS {
-        let b64 = base64::engine::general_purpose::STANDARD.encode(der.as_ref());
+    let mut push = |der: &[u8]| {
+        let b64 = base64::engine::general_purpose::STANDARD.encode(der);
         pem.push_str("-----BEGIN CERTIFICATE-----\n");
         for line in b64.as_bytes().chunks(64) {
             pem.push_str(std::str::from_utf8(line).unwrap_or_default());
             pem.push('\n');
         }
         pem.push_str("-----END CERTIFICATE-----\n");
+    };
+    for der in webpki_root_certs::TLS_SERVER_ROOT_CERTS {
+        push(der.as_ref());
+    }
+    if env.use_system_ca() {
+        for der in rustls_native_certs::load_native_certs().certs {
+            // Only what rustls accepts as a root: one odd system certificate must not make the
+            // whole bundle unparsable.
+            if rustls::RootCertStore::empty().add(der.clone()).is_ok() {
+                push(der.as_ref());
+            }
+        }
     }
     let mut out = pem.into_bytes();
-    if let Some(path) = std::env::var_os("NODE_EXTRA_CA_CERTS").filter(|p| !p.is_empty()) {
-        if let Ok(extra) = std::fs::read(path) {
+    if let Some(extra) = env.extra_ca_file().and_then(|path| std::fs::read(path).ok()) {
+        if crate::net::pem_certificates(&extra).is_some() {
             out.push(b'\n');
             out.extend_from_slice(&extra);
         }
@@ -176,11 +190,16 @@ pub fn valid_url(url: &str) -> bool {
 impl RedisStore {
     /// `None` when the URL is not one the client accepts.
     pub fn new(url: &str) -> Option<Self> {
+        Self::with_env(url, NetEnv::process())
+    }
+
+    /// As [`RedisStore::new`], with the trust variables of `env` (tests).
+    pub fn with_env(url: &str, env: &NetEnv) -> Option<Self> {
         if !valid_url(url) {
             return None;
         }
         let client = if url.starts_with("rediss:") {
-            let certs = redis::TlsCertificates { client_tls: None, root_cert: Some(tls_roots_pem()) };
+            let certs = redis::TlsCertificates { client_tls: None, root_cert: Some(tls_roots_pem(env)) };
             redis::Client::build_with_tls(url, certs).ok()?
         } else {
             redis::Client::open(url).ok()?
