@@ -2,9 +2,18 @@
 //!
 //! Every async entry point resolves with an outcome `{ ok, value?, error? }` and never rejects
 //! for a domain error; `index.js` turns `error` into the right JS class. A Rust panic rejects
-//! the promise (it never aborts the process).
+//! the promise (it never aborts the process); the core catches panics inside a call itself,
+//! so a panic never skips a cleanup.
+//!
+//! Environment teardown (a worker's `terminate()`, or the main thread exiting): every call is
+//! registered with its environment; the environment's cleanup hook cancels the calls still in
+//! flight — so each runs its cleanup (the DELETE of its process tree) — and waits up to
+//! [`TEARDOWN_WAIT`] for them to finish. Their callbacks are not called any more.
 
+use std::collections::HashMap;
 use std::panic::AssertUnwindSafe;
+use std::sync::{Condvar, Mutex, OnceLock, PoisonError};
+use std::time::{Duration, Instant};
 
 use futures_util::FutureExt;
 use napi::bindgen_prelude::*;
@@ -53,6 +62,89 @@ impl CancelHandle {
     }
 }
 
+/// How long an environment's teardown waits for its in-flight calls to finish their cleanup.
+pub const TEARDOWN_WAIT: Duration = Duration::from_secs(3);
+
+/// One in-flight call: its abort (when it has one) and the "environment gone" signal that
+/// stops its callbacks.
+struct Call {
+    abort: Option<Abort>,
+    gone: Abort,
+}
+
+#[derive(Default)]
+struct EnvCalls {
+    next: u64,
+    calls: HashMap<u64, Call>,
+}
+
+/// In-flight calls per environment (keyed by the `napi_env` address), and a condition
+/// variable signalled whenever a call ends.
+fn registry() -> &'static (Mutex<HashMap<usize, EnvCalls>>, Condvar) {
+    static CALLS: OnceLock<(Mutex<HashMap<usize, EnvCalls>>, Condvar)> = OnceLock::new();
+    CALLS.get_or_init(Default::default)
+}
+
+/// Removes a call from the registry when dropped (the call ended, or its task was dropped).
+struct Registered {
+    env: usize,
+    id: u64,
+}
+
+impl Drop for Registered {
+    fn drop(&mut self) {
+        let (lock, ended) = registry();
+        let mut g = lock.lock().unwrap_or_else(PoisonError::into_inner);
+        if let Some(e) = g.get_mut(&self.env) {
+            e.calls.remove(&self.id);
+        }
+        ended.notify_all();
+    }
+}
+
+/// Registers a call of `env` (and, on the environment's first call, its cleanup hook).
+fn register(env: &Env, abort: Option<Abort>, gone: Abort) -> Registered {
+    let key = env.raw() as usize;
+    let (lock, _) = registry();
+    let mut g = lock.lock().unwrap_or_else(PoisonError::into_inner);
+    let first = !g.contains_key(&key);
+    let e = g.entry(key).or_default();
+    let id = e.next;
+    e.next += 1;
+    e.calls.insert(id, Call { abort, gone });
+    drop(g);
+    if first {
+        // Registered after napi-rs's own hook, so it runs before it (hooks run in reverse
+        // order): the runtime is still there while the cleanups run.
+        let _ = env.add_env_cleanup_hook(key, teardown);
+    }
+    Registered { env: key, id }
+}
+
+/// The environment is going away: cancel its calls (each runs its cleanup) and wait, at most
+/// [`TEARDOWN_WAIT`], until they have finished.
+fn teardown(key: usize) {
+    let (lock, ended) = registry();
+    let mut g = lock.lock().unwrap_or_else(PoisonError::into_inner);
+    if let Some(e) = g.get(&key) {
+        for call in e.calls.values() {
+            call.gone.abort(false);
+            if let Some(a) = &call.abort {
+                a.abort(false);
+            }
+        }
+    }
+    let deadline = Instant::now() + TEARDOWN_WAIT;
+    while g.get(&key).is_some_and(|e| !e.calls.is_empty()) {
+        let left = deadline.saturating_duration_since(Instant::now());
+        if left.is_zero() {
+            break;
+        }
+        g = ended.wait_timeout(g, left).unwrap_or_else(PoisonError::into_inner).0;
+    }
+    g.remove(&key);
+}
+
 /// The one place a Rust error becomes data for JS.
 fn error_json(e: &Error) -> Value {
     let message = e.to_string();
@@ -67,6 +159,12 @@ fn error_json(e: &Error) -> Value {
             "attempts": r.attempts.iter().map(|a| json!({
                 "step": a.step, "graceMs": a.grace_ms, "outcome": a.outcome, "atMs": a.at_ms,
             })).collect::<Vec<_>>(),
+        }),
+        Error::DestroyUnconfirmed(r) => json!({
+            "kind": "destroy",
+            "message": message,
+            "sandboxId": r.sandbox_id,
+            "attempts": r.attempts.iter().map(|a| json!({ "step": a.step, "outcome": a.outcome, "atMs": a.at_ms })).collect::<Vec<_>>(),
         }),
         Error::Cancelled => json!({ "kind": "cancelled", "message": message }),
         Error::TimedOut => json!({ "kind": "aborted", "timedOut": true, "message": message }),
@@ -108,12 +206,21 @@ fn result_json(r: ExecuteResult) -> Value {
     })
 }
 
-/// Runs `fut` on napi's tokio runtime; a panic rejects the promise.
-fn spawn<'env>(
+/// Runs `fut` on napi's tokio runtime, registered with `env` (see the module doc); a panic
+/// rejects the promise. `make` gets the "environment gone" signal.
+fn spawn<'env, F>(
     env: &'env Env,
-    fut: impl std::future::Future<Output = Value> + Send + 'static,
-) -> Result<PromiseRaw<'env, Value>> {
+    abort: Option<Abort>,
+    make: impl FnOnce(Abort) -> F,
+) -> Result<PromiseRaw<'env, Value>>
+where
+    F: std::future::Future<Output = Value> + Send + 'static,
+{
+    let gone = Abort::new();
+    let registered = register(env, abort, gone.clone());
+    let fut = make(gone);
     env.spawn_future(async move {
+        let _registered = registered;
         AssertUnwindSafe(fut)
             .catch_unwind()
             .await
@@ -122,10 +229,14 @@ fn spawn<'env>(
 }
 
 /// Delivers decoded output to `log`, in order, one call at a time (each awaited, so a slow
-/// `log` slows the reader through the bounded queue). Ends when the capture is dropped.
-async fn forward_logs(mut rx: mpsc::Receiver<LogLine>, log: LogFn) {
+/// `log` slows the reader through the bounded queue). Ends when the capture is dropped; once
+/// the environment is gone, output is drained without calling JS.
+async fn forward_logs(mut rx: mpsc::Receiver<LogLine>, log: LogFn, gone: Abort) {
     let mut next = rx.recv().await;
     while let Some((stream, mut text)) = next.take() {
+        if gone.is_aborted() {
+            break;
+        }
         // Join what is already queued for the same stream while JS is busy.
         loop {
             match rx.try_recv() {
@@ -137,11 +248,15 @@ async fn forward_logs(mut rx: mpsc::Receiver<LogLine>, log: LogFn) {
                 Err(_) => break,
             }
         }
-        let _ = log.call_async_catch(FnArgs::from((stream.as_str().to_owned(), text))).await;
+        tokio::select! {
+            _ = log.call_async_catch(FnArgs::from((stream.as_str().to_owned(), text))) => {}
+            () = gone.aborted() => break,
+        }
         if next.is_none() {
             next = rx.recv().await;
         }
     }
+    while rx.recv().await.is_some() {}
 }
 
 type Runner =
@@ -161,7 +276,7 @@ fn run_command<'env>(
     runner: Runner,
 ) -> Result<PromiseRaw<'env, Value>> {
     let abort = cancel.abort.clone();
-    spawn(env, async move {
+    spawn(env, Some(abort.clone()), |gone| async move {
         let parsed = config::parse_config(&client).and_then(|c| Ok((c, config::parse_params(&params)?)));
         let (cfg, params) = match parsed {
             Ok(p) => p,
@@ -170,7 +285,7 @@ fn run_command<'env>(
         let (tx, forwarder) = match on_log {
             Some(log) => {
                 let (tx, rx) = mpsc::channel(LOG_QUEUE);
-                (Some(tx), Some(tokio::spawn(forward_logs(rx, log))))
+                (Some(tx), Some(tokio::spawn(forward_logs(rx, log, gone))))
             }
             None => (None, None),
         };
@@ -229,7 +344,7 @@ pub fn follow_process_native<'env>(
     on_event: EventFn,
 ) -> Result<PromiseRaw<'env, Value>> {
     let abort = cancel.abort.clone();
-    spawn(env, async move {
+    spawn(env, Some(abort.clone()), |gone| async move {
         let parsed = config::parse_config(&client)
             .and_then(|c| Ok((c, config::sandbox_id(Some(&sandbox_id))?, config::process_id(Some(&process_id))?)));
         let (cfg, sb, pid) = match parsed {
@@ -239,11 +354,17 @@ pub fn follow_process_native<'env>(
         let (tx, mut rx) = mpsc::channel::<FollowEvent>(LOG_QUEUE);
         let forwarder = tokio::spawn(async move {
             while let Some(ev) = rx.recv().await {
+                if gone.is_aborted() {
+                    continue; // drain without calling JS
+                }
                 let args = match ev {
                     FollowEvent::Connected => ("connected".to_owned(), None),
                     FollowEvent::Data(stream, bytes) => (stream.as_str().to_owned(), Some(Buffer::from(bytes))),
                 };
-                let _ = on_event.call_async_catch(FnArgs::from(args)).await;
+                tokio::select! {
+                    _ = on_event.call_async_catch(FnArgs::from(args)) => {}
+                    () = gone.aborted() => {}
+                }
             }
         });
         let result = execute::follow_process(&cfg, &sb, &pid, abort, tx).await;
@@ -260,7 +381,7 @@ pub fn wait_for_request_native<'env>(
     cancel: &CancelHandle,
 ) -> Result<PromiseRaw<'env, Value>> {
     let abort = cancel.abort.clone();
-    spawn(env, async move {
+    spawn(env, Some(abort.clone()), |_| async move {
         let r = match config::parse_config(&client) {
             Ok(cfg) => execute::wait_for_request(&cfg.api_url, &cfg.pacing, abort).await,
             Err(e) => Err(e),
@@ -269,20 +390,22 @@ pub fn wait_for_request_native<'env>(
     })
 }
 
-/// Destroys a sandbox (404 = already gone).
+/// Destroys a sandbox and confirms it gone; resolves the receipt
+/// `{ providerLeaseId, state: 'destroyed' }`.
 #[napi(ts_args_type = "client: object, sandboxId: string")]
 pub fn destroy_sandbox_native<'env>(
     env: &'env Env,
     client: Value,
     sandbox_id: Value,
 ) -> Result<PromiseRaw<'env, Value>> {
-    spawn(env, async move {
+    spawn(env, None, |_| async move {
         let r = async {
             let cfg = config::parse_config(&client)?;
             let sb = config::sandbox_id(Some(&sandbox_id))?;
-            execute::destroy_sandbox(&cfg, &sb).await
+            execute::destroy_sandbox(&cfg, &sb).await?;
+            Ok(json!({ "providerLeaseId": sb, "state": "destroyed" }))
         };
-        outcome(r.await.map(|()| Value::Null))
+        outcome(r.await)
     })
 }
 
@@ -296,7 +419,7 @@ pub fn shell_quote(value: String) -> Result<String> {
 #[cfg(feature = "test-hooks")]
 #[napi(js_name = "__panicForTest")]
 pub fn panic_for_test(env: &Env) -> Result<PromiseRaw<'_, Value>> {
-    spawn(env, async {
+    spawn(env, None, |_| async {
         let v: Option<Value> = None;
         v.expect("deliberate panic for the robustness test")
     })

@@ -1,47 +1,90 @@
-//! Terminating a process tree and proving it, and recovering an ambiguous creation.
+//! Terminating a process tree and proving it, recovering an ambiguous creation, and
+//! destroying a sandbox with a receipt.
 //!
-//! Everything here runs under its own deadline (a fresh [`Ctx`]), never the caller's signal.
-//! Proof of termination is `tree_exited: true` from DELETE or from `wait?scope=tree`, or a 404
-//! (the process is unknown: gone). Anything else — `tree_exited: false`, 5xx, 429, no
-//! answer — proves nothing, so the tree is asked again (confirmation polls, then DELETE with
-//! the next, longer grace) until the deadline. Only then is containment reported unproven.
+//! Everything here runs under its own deadline (a fresh [`Ctx`]), never the caller's signal,
+//! and inside a panic guard: a panic during a cleanup is an unproven containment, never a
+//! skipped one.
+//!
+//! # What proves a tree gone
+//!
+//! | answer | proof? |
+//! |---|---|
+//! | `tree_exited: true` from `DELETE …/processes/{id}` | yes |
+//! | `tree_exited: true` from `GET …/wait?scope=tree` | yes |
+//! | 404 from DELETE or `wait`, when nothing in this call said the tree was alive | yes: the server does not know the process, so nothing of it runs |
+//! | 404 after an answer said the tree was alive (`tree_exited: false` from DELETE, the exit frame or the process record; 408 from `wait?scope=tree`) | **no**: the server forgot a tree it last reported alive, which can hide a survivor. Asking again cannot prove anything, so the cleanup ends at once, unproven |
+//! | `tree_exited: false`, 408, 5xx, 429, no answer, a timeout, a panic | no: ask again (after a backoff with jitter) until the deadline |
+//! | 401/403/400/… from DELETE | no, and repeating cannot change it: unproven at once |
+//!
+//! Bounds: the whole cleanup has one deadline (`cleanupDeadlineMs`, default
+//! `min(timeoutMs, 30000)`); each DELETE gets a time slice of its grace plus
+//! [`REQUEST_SLICE`] (a hung DELETE is abandoned and sent again on another connection rather
+//! than given the whole remaining deadline); rounds are spaced by an exponential backoff with
+//! jitter ([`backoff`]), so a run of 503s is ridden out instead of burnt in a millisecond.
 
+use std::collections::HashSet;
+use std::panic::AssertUnwindSafe;
 use std::time::Duration;
 
+use futures_util::FutureExt;
+use rand::Rng;
 use reqwest::Method;
 use serde_json::{Map, Value};
 use tokio::time::Instant;
 
 use crate::abort::Ctx;
 use crate::client::{Client, Retry};
-use crate::error::{Attempt, CleanupReason, CleanupReport, Error, Operation, Result};
+use crate::error::{Attempt, CleanupReason, CleanupReport, DestroyReport, Error, Operation, Result};
+use crate::hooks::{self, Phase};
+
+/// The default cleanup deadline when `timeoutMs` is longer: a host learns the verdict within
+/// 30 s.
+pub const DEFAULT_DEADLINE: Duration = Duration::from_secs(30);
+/// How long one DELETE may take beyond its grace period before it is abandoned and sent
+/// again (and how long one list page, sandbox DELETE or state GET may take).
+pub const REQUEST_SLICE: Duration = Duration::from_secs(5);
+const BACKOFF_BASE_MS: u64 = 50;
+const BACKOFF_CAP_MS: u64 = 1000;
+/// Upper bound on DELETE rounds, whatever the deadline (the deadline normally ends first).
+const MAX_ROUNDS: u32 = 256;
+/// Page size asked of the process list, and the most pages read.
+const LIST_PAGE: usize = 500;
+const MAX_LIST_PAGES: usize = 100;
 
 #[derive(Debug, Clone)]
 pub struct CleanupPolicy {
     /// Grace periods of successive DELETEs; the last one repeats until the deadline.
     pub graces_ms: Vec<u64>,
-    /// The whole cleanup's deadline (default: `client.config.timeoutMs`).
+    /// The whole cleanup's deadline (default: `min(timeoutMs, 30000)`).
     pub deadline: Duration,
     /// Long-poll budget of one confirmation `wait?scope=tree`.
     pub confirm_ms: u64,
     /// The TypeScript module's behaviour: one DELETE with a 1 s grace, no confirmation, no
     /// creation recovery.
     pub legacy: bool,
+    /// Test hook (`test-hooks` feature only): panic at this phase.
+    pub panic_at: Option<Phase>,
 }
 
 impl Default for CleanupPolicy {
     fn default() -> Self {
         CleanupPolicy {
             graces_ms: vec![1000, 5000],
-            deadline: Duration::from_secs(300),
+            deadline: DEFAULT_DEADLINE,
             confirm_ms: 1000,
             legacy: false,
+            panic_at: None,
         }
     }
 }
 
-/// Upper bound on DELETE rounds, whatever the deadline.
-const MAX_ROUNDS: usize = 16;
+/// The pause before cleanup round `round` (1-based): exponential from 50 ms, capped at 1 s,
+/// with "equal jitter" (a uniform draw in the upper half), so concurrent cleanups spread out.
+pub fn backoff(round: u32) -> Duration {
+    let ceiling = BACKOFF_BASE_MS.saturating_mul(1u64 << round.saturating_sub(1).min(20)).min(BACKOFF_CAP_MS);
+    let half = ceiling / 2;
+    Duration::from_millis(half + rand::thread_rng().gen_range(0..=half))
+}
 
 /// Records cleanup steps with their time since the cleanup started.
 pub struct Steps {
@@ -54,7 +97,7 @@ impl Steps {
         Steps { started: Instant::now(), attempts: Vec::new() }
     }
 
-    fn push(&mut self, step: &'static str, grace_ms: Option<u64>, outcome: impl Into<String>) {
+    pub(crate) fn push(&mut self, step: &'static str, grace_ms: Option<u64>, outcome: impl Into<String>) {
         let at_ms = self.started.elapsed().as_secs_f64() * 1000.0;
         self.attempts.push(Attempt { step, grace_ms, outcome: outcome.into(), at_ms: (at_ms * 10.0).round() / 10.0 });
     }
@@ -91,8 +134,11 @@ fn tree_exited(data: &Map<String, Value>) -> bool {
     data.get("tree_exited") == Some(&Value::Bool(true))
 }
 
-/// Terminates the tree of `process_id` and proves it, within `ctx` (a cleanup context:
-/// its own deadline, never the caller's abort). `Ok(())` = proven gone.
+/// Terminates the tree of `process_id` and proves it (see the module doc), within `ctx` (a
+/// cleanup context: its own deadline, never the caller's abort). `Ok(())` = proven gone.
+///
+/// `seen_alive`: an answer earlier in this call said the tree was alive (then a 404 is no
+/// proof). A panic inside is caught and reported as unproven.
 pub async fn terminate(
     client: &Client,
     sandbox_id: &str,
@@ -100,7 +146,28 @@ pub async fn terminate(
     policy: &CleanupPolicy,
     ctx: &Ctx,
     steps: &mut Steps,
+    seen_alive: bool,
 ) -> std::result::Result<(), ()> {
+    let run = terminate_unguarded(client, sandbox_id, process_id, policy, ctx, &mut *steps, seen_alive);
+    match AssertUnwindSafe(run).catch_unwind().await {
+        Ok(r) => r,
+        Err(_) => {
+            steps.push("internal", None, "panic");
+            Err(())
+        }
+    }
+}
+
+async fn terminate_unguarded(
+    client: &Client,
+    sandbox_id: &str,
+    process_id: &str,
+    policy: &CleanupPolicy,
+    ctx: &Ctx,
+    steps: &mut Steps,
+    mut seen_alive: bool,
+) -> std::result::Result<(), ()> {
+    hooks::panic_at(policy.panic_at, Phase::Cleanup);
     let base = format!("/sandboxes/{sandbox_id}/processes/{process_id}");
     if policy.legacy {
         let grace = 1000;
@@ -125,16 +192,27 @@ pub async fn terminate(
     }
     let graces = if policy.graces_ms.is_empty() { vec![1000] } else { policy.graces_ms.clone() };
     for round in 0..MAX_ROUNDS {
-        let grace = graces[round.min(graces.len() - 1)];
+        if round > 0 && ctx.sleep(backoff(round)).await.is_err() {
+            steps.push("backoff", None, "deadline passed");
+            return Err(());
+        }
+        let grace = graces[(round as usize).min(graces.len() - 1)];
         match delete(client, &base, grace, ctx).await {
             Ok(d) if tree_exited(&d) => {
                 steps.push("delete", Some(grace), "tree exited");
                 return Ok(());
             }
-            Ok(_) => steps.push("delete", Some(grace), "tree_exited false"),
-            Err(Error::Api { status: 404, .. }) => {
+            Ok(_) => {
+                seen_alive = true;
+                steps.push("delete", Some(grace), "tree_exited false");
+            }
+            Err(Error::Api { status: 404, .. }) if !seen_alive => {
                 steps.push("delete", Some(grace), "HTTP 404");
                 return Ok(());
+            }
+            Err(Error::Api { status: 404, .. }) => {
+                steps.push("delete", Some(grace), "HTTP 404 after alive");
+                return Err(());
             }
             Err(e @ Error::TimedOut) => {
                 steps.push("delete", Some(grace), outcome_of(&e));
@@ -154,10 +232,17 @@ pub async fn terminate(
                 steps.push("wait", None, "tree exited");
                 return Ok(());
             }
-            Ok(false) => steps.push("wait", None, "still running"),
-            Err(Error::Api { status: 404, .. }) => {
+            Ok(false) => {
+                seen_alive = true;
+                steps.push("wait", None, "still running");
+            }
+            Err(Error::Api { status: 404, .. }) if !seen_alive => {
                 steps.push("wait", None, "HTTP 404");
                 return Ok(());
+            }
+            Err(Error::Api { status: 404, .. }) => {
+                steps.push("wait", None, "HTTP 404 after alive");
+                return Err(());
             }
             Err(e @ Error::TimedOut) => {
                 steps.push("wait", None, outcome_of(&e));
@@ -172,8 +257,15 @@ pub async fn terminate(
     Err(())
 }
 
+/// The time one request of a cleanup may take: `extra` plus [`REQUEST_SLICE`], within the
+/// deadline.
+fn slice(ctx: &Ctx, extra: Duration) -> Duration {
+    let want = extra.saturating_add(REQUEST_SLICE);
+    ctx.remaining().map_or(want, |r| want.min(r)).max(Duration::from_millis(1))
+}
+
 async fn delete(client: &Client, base: &str, grace_ms: u64, ctx: &Ctx) -> Result<Map<String, Value>> {
-    let timeout = ctx.remaining().unwrap_or(Duration::from_secs(60));
+    let timeout = slice(ctx, Duration::from_millis(grace_ms));
     client
         .json_with(
             Operation::ProcessCleanup,
@@ -187,10 +279,12 @@ async fn delete(client: &Client, base: &str, grace_ms: u64, ctx: &Ctx) -> Result
         .await
 }
 
-/// One `wait?scope=tree` long-poll: `Ok(true)` when the tree exited, `Ok(false)` on 408.
+/// One `wait?scope=tree` long-poll: `Ok(true)` when the tree exited, `Ok(false)` on 408 (or
+/// an answer without `tree_exited: true`).
 async fn confirm(client: &Client, base: &str, confirm_ms: u64, ctx: &Ctx) -> Result<bool> {
-    let budget = ctx.remaining().map_or(confirm_ms, |r| confirm_ms.min(r.as_millis() as u64));
-    let timeout = Duration::from_millis(budget) + Duration::from_secs(5);
+    let budget =
+        ctx.remaining().map_or(confirm_ms, |r| confirm_ms.min(u64::try_from(r.as_millis()).unwrap_or(u64::MAX)));
+    let timeout = slice(ctx, Duration::from_millis(budget));
     let path = format!("{base}/wait?scope=tree&timeout_ms={budget}");
     match client.json_with(Operation::ProcessStatus, Method::GET, &path, None, ctx, Retry::RateLimitOnly, timeout).await
     {
@@ -200,9 +294,102 @@ async fn confirm(client: &Client, base: &str, confirm_ms: u64, ctx: &Ctx) -> Res
     }
 }
 
+/// Why a creation recovery could not prove containment, and the process it was about.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RecoveryFailure {
+    pub reason: CleanupReason,
+    /// The process found behind the lost answer whose end could not be proven.
+    pub process_id: Option<String>,
+}
+
+impl RecoveryFailure {
+    fn creation() -> Self {
+        RecoveryFailure { reason: CleanupReason::CreationUnconfirmed, process_id: None }
+    }
+}
+
+/// The ids of the processes in one list page whose arguments carry `marker`. An entry that
+/// carries the marker without a valid `process_id` cannot be ended: `Err`, never dropped.
+pub fn ours_in_page(processes: &[Value], marker: &str) -> std::result::Result<Vec<String>, ()> {
+    let mut ours = Vec::new();
+    for p in processes.iter().filter(|p| carries(p, marker)) {
+        match p.get("process_id").and_then(Value::as_str) {
+            Some(id) if crate::client::is_identifier(id) => ours.push(id.to_owned()),
+            _ => return Err(()),
+        }
+    }
+    Ok(ours)
+}
+
+/// Reads every page of the process list and returns our processes (see [`ours_in_page`]).
+async fn list_ours(
+    client: &Client,
+    sandbox_id: &str,
+    marker: &str,
+    ctx: &Ctx,
+    steps: &mut Steps,
+) -> std::result::Result<Vec<String>, ()> {
+    let mut ours = Vec::new();
+    let mut seen: HashSet<String> = HashSet::new();
+    let mut offset: usize = 0;
+    for page in 0..MAX_LIST_PAGES {
+        let path = format!("/sandboxes/{sandbox_id}/processes?limit={LIST_PAGE}&offset={offset}");
+        let timeout = slice(ctx, Duration::ZERO);
+        let data =
+            match client.json_with(Operation::ProcessStatus, Method::GET, &path, None, ctx, Retry::Safe, timeout).await
+            {
+                Ok(d) => d,
+                Err(e) => {
+                    steps.push("list", None, outcome_of(&e));
+                    return Err(());
+                }
+            };
+        let Some(Value::Array(processes)) = data.get("processes") else {
+            steps.push("list", None, "invalid answer");
+            return Err(());
+        };
+        let Ok(found) = ours_in_page(processes, marker) else {
+            steps.push("list", None, "invalid id");
+            return Err(());
+        };
+        for id in found {
+            if !ours.contains(&id) {
+                ours.push(id);
+            }
+        }
+        // Entries not seen before (a server that ignores `offset` repeats a page: then stop).
+        let fresh = processes
+            .iter()
+            .enumerate()
+            .filter(|(i, p)| {
+                let key =
+                    p.get("process_id").and_then(Value::as_str).map_or_else(|| format!("#{page}:{i}"), str::to_owned);
+                seen.insert(key)
+            })
+            .count();
+        let n = processes.len();
+        offset = offset.saturating_add(n);
+        let pagination = data.get("pagination");
+        let number =
+            |k: &str| pagination.and_then(|p| p.get(k)).and_then(Value::as_u64).and_then(|v| usize::try_from(v).ok());
+        let page_limit = number("limit").filter(|l| *l > 0).unwrap_or(LIST_PAGE);
+        let done = match number("total") {
+            Some(total) => offset >= total,
+            None => n < page_limit,
+        };
+        if done || n == 0 || fresh == 0 {
+            steps.push("list", None, format!("found {}", ours.len()));
+            return Ok(ours);
+        }
+    }
+    steps.push("list", None, "too many pages");
+    Err(())
+}
+
 /// After `POST /processes` failed ambiguously: finds the process(es) whose arguments carry
-/// `marker` (the unique start-gate path), terminates and confirms them.
-/// `Ok(found)` = proven: nothing of ours runs (found says whether one had been created).
+/// `marker` (the unique start-gate path) in every page of the process list, terminates and
+/// confirms them. `Ok(found)` = proven: nothing of ours runs (found says whether one had been
+/// created).
 pub async fn recover_creation(
     client: &Client,
     sandbox_id: &str,
@@ -210,33 +397,113 @@ pub async fn recover_creation(
     policy: &CleanupPolicy,
     ctx: &Ctx,
     steps: &mut Steps,
-) -> std::result::Result<bool, ()> {
-    let list = client
-        .json(Operation::ProcessStatus, Method::GET, &format!("/sandboxes/{sandbox_id}/processes"), None, ctx)
-        .await;
-    let data = match list {
-        Ok(d) => d,
-        Err(e) => {
-            steps.push("list", None, outcome_of(&e));
-            return Err(());
+) -> std::result::Result<bool, RecoveryFailure> {
+    let listed = AssertUnwindSafe(list_ours(client, sandbox_id, marker, ctx, &mut *steps)).catch_unwind().await;
+    let ours = match listed {
+        Ok(Ok(ours)) => ours,
+        Ok(Err(())) => return Err(RecoveryFailure::creation()),
+        Err(_) => {
+            steps.push("internal", None, "panic");
+            return Err(RecoveryFailure::creation());
         }
     };
-    let Some(Value::Array(processes)) = data.get("processes") else {
-        steps.push("list", None, "invalid answer");
-        return Err(());
-    };
-    let ours: Vec<String> = processes
-        .iter()
-        .filter(|p| carries(p, marker))
-        .filter_map(|p| p.get("process_id").and_then(Value::as_str))
-        .filter(|id| crate::client::is_identifier(id))
-        .map(str::to_owned)
-        .collect();
-    steps.push("list", None, format!("found {}", ours.len()));
     for id in &ours {
-        terminate(client, sandbox_id, id, policy, ctx, steps).await?;
+        if terminate(client, sandbox_id, id, policy, ctx, steps, false).await.is_err() {
+            return Err(RecoveryFailure {
+                reason: CleanupReason::TerminationUnconfirmed,
+                process_id: Some(id.clone()),
+            });
+        }
     }
     Ok(!ours.is_empty())
+}
+
+/// Destroys a sandbox and proves it: `DELETE /sandboxes/{id}`, then its state (`GET`) until
+/// it is `destroyed` or unknown (404), within `ctx`. A `destroying` state is polled again; any
+/// other state (or a failed DELETE) gets the DELETE again, after a backoff. A refusal that
+/// repeating cannot change (401, 403, 400…) ends it at once.
+pub async fn destroy_sandbox(client: &Client, sandbox_id: &str, ctx: &Ctx) -> Result<()> {
+    let mut steps = Steps::new();
+    let path = format!("/sandboxes/{sandbox_id}");
+    let unconfirmed = |steps: Steps| {
+        Error::DestroyUnconfirmed(Box::new(DestroyReport {
+            sandbox_id: sandbox_id.to_owned(),
+            attempts: steps.attempts,
+        }))
+    };
+    let final_refusal = |e: &Error| {
+        matches!(e, Error::Api { status: 400..=499, .. } | Error::Redirect { .. })
+            && !matches!(e.status(), Some(404 | 408 | 409 | 429))
+    };
+    let mut need_delete = true;
+    for round in 0..MAX_ROUNDS {
+        if round > 0 && ctx.sleep(backoff(round)).await.is_err() {
+            steps.push("backoff", None, "deadline passed");
+            return Err(unconfirmed(steps));
+        }
+        if need_delete {
+            let timeout = slice(ctx, Duration::ZERO);
+            let op = Operation::SandboxLifecycle;
+            match client.json_with(op, Method::DELETE, &path, None, ctx, Retry::Safe, timeout).await {
+                Ok(d) => {
+                    let state = d.get("status").and_then(Value::as_str).unwrap_or("");
+                    steps.push("destroy", None, state_word(state));
+                    need_delete = false;
+                }
+                Err(Error::Api { status: 404, .. }) => {
+                    steps.push("destroy", None, "HTTP 404");
+                    need_delete = false;
+                }
+                Err(e) => {
+                    steps.push("destroy", None, outcome_of(&e));
+                    if final_refusal(&e) || matches!(e, Error::TimedOut) {
+                        return Err(unconfirmed(steps));
+                    }
+                    continue;
+                }
+            }
+        }
+        let timeout = slice(ctx, Duration::ZERO);
+        match client.json_with(Operation::SandboxLifecycle, Method::GET, &path, None, ctx, Retry::Safe, timeout).await {
+            Err(Error::Api { status: 404, .. }) => {
+                steps.push("state", None, "HTTP 404");
+                return Ok(());
+            }
+            Ok(d) => {
+                let state = d.get("status").and_then(Value::as_str).unwrap_or("");
+                steps.push("state", None, state_word(state));
+                match state {
+                    "destroyed" => return Ok(()),
+                    "destroying" => {}
+                    _ => need_delete = true,
+                }
+            }
+            Err(e) => {
+                steps.push("state", None, outcome_of(&e));
+                if final_refusal(&e) || matches!(e, Error::TimedOut) {
+                    return Err(unconfirmed(steps));
+                }
+            }
+        }
+    }
+    Err(unconfirmed(steps))
+}
+
+/// A sandbox state for the attempt log: one of the documented words, never provider text.
+fn state_word(state: &str) -> &'static str {
+    match state {
+        "creating" => "creating",
+        "running" => "running",
+        "pausing" => "pausing",
+        "paused" => "paused",
+        "resuming" => "resuming",
+        "forking" => "forking",
+        "error" => "error",
+        "destroying" => "destroying",
+        "destroyed" => "destroyed",
+        "failed" => "failed",
+        _ => "other state",
+    }
 }
 
 fn carries(process: &Value, marker: &str) -> bool {

@@ -31,7 +31,7 @@ use crate::pacer::{self, Pacer, PacingConfig};
 pub const MAX_RETRIES: u32 = 3;
 /// The largest JSON answer read (a process list of many records fits easily).
 pub const MAX_JSON_BYTES: usize = 16 * 1024 * 1024;
-const MAX_RETRY_AFTER: Duration = Duration::from_secs(60);
+pub const MAX_RETRY_AFTER: Duration = Duration::from_secs(60);
 const DEFAULT_RETRY_AFTER: Duration = Duration::from_secs(1);
 
 pub const INVALID_JSON: &str = "CreateOS returned invalid JSON.";
@@ -373,41 +373,24 @@ fn retryable(err: &Error, method: &Method, retry: Retry) -> bool {
     }
 }
 
-/// `Retry-After` as delta-seconds or an HTTP date.
-fn retry_after(resp: &reqwest::Response) -> Option<Duration> {
-    let v = resp.headers().get(RETRY_AFTER)?.to_str().ok()?.trim();
-    if let Ok(secs) = v.parse::<u64>() {
-        return Some(Duration::from_secs(secs));
+/// `Retry-After` as delta-seconds or an HTTP date, clamped to [`MAX_RETRY_AFTER`].
+///
+/// Server-supplied, so never trusted: a number too large for `u64`, a date `httpdate`
+/// rejects (a year beyond 9999, day 00, a malformed field) or a date in the past all give a
+/// bounded answer without any unchecked arithmetic (`None` = use the default).
+pub fn parse_retry_after(v: &str) -> Option<Duration> {
+    let v = v.trim();
+    if !v.is_empty() && v.bytes().all(|b| b.is_ascii_digit()) {
+        // All digits: delta-seconds; more digits than fit in u64 is "very long" = the cap.
+        let secs = v.parse::<u64>().unwrap_or(u64::MAX);
+        return Some(Duration::from_secs(secs).min(MAX_RETRY_AFTER));
     }
-    let when = httpdate_parse(v)?;
-    Some(when.duration_since(std::time::SystemTime::now()).unwrap_or(Duration::ZERO))
+    let when = httpdate::parse_http_date(v).ok()?;
+    Some(when.duration_since(std::time::SystemTime::now()).unwrap_or(Duration::ZERO).min(MAX_RETRY_AFTER))
 }
 
-/// Parses an IMF-fixdate (`Sun, 06 Nov 1994 08:49:37 GMT`).
-fn httpdate_parse(s: &str) -> Option<std::time::SystemTime> {
-    let parts: Vec<&str> = s.split_whitespace().collect();
-    if parts.len() != 6 || parts[5] != "GMT" {
-        return None;
-    }
-    let day: u64 = parts[1].parse().ok()?;
-    let month = ["Jan", "Feb", "Mar", "Apr", "May", "Jun", "Jul", "Aug", "Sep", "Oct", "Nov", "Dec"]
-        .iter()
-        .position(|m| *m == parts[2])? as u64
-        + 1;
-    let year: u64 = parts[3].parse().ok()?;
-    let hms: Vec<u64> = parts[4].split(':').map(|x| x.parse().ok()).collect::<Option<_>>()?;
-    if hms.len() != 3 || year < 1970 {
-        return None;
-    }
-    // Days from civil (Howard Hinnant's algorithm).
-    let (y, m) = if month <= 2 { (year - 1, month + 9) } else { (year, month - 3) };
-    let era = y / 400;
-    let yoe = y - era * 400;
-    let doy = (153 * m + 2) / 5 + day - 1;
-    let doe = yoe * 365 + yoe / 4 - yoe / 100 + doy;
-    let days = era * 146_097 + doe - 719_468;
-    let secs = days * 86_400 + hms[0] * 3600 + hms[1] * 60 + hms[2];
-    Some(std::time::UNIX_EPOCH + Duration::from_secs(secs))
+fn retry_after(resp: &reqwest::Response) -> Option<Duration> {
+    parse_retry_after(resp.headers().get(RETRY_AFTER)?.to_str().ok()?)
 }
 
 /// Reads a JSON answer (bounded in size and time) and returns its JSend `data`.
@@ -513,9 +496,23 @@ mod tests {
     }
 
     #[test]
-    fn http_dates() {
-        let t = httpdate_parse("Sun, 06 Nov 1994 08:49:37 GMT").unwrap();
-        assert_eq!(t.duration_since(std::time::UNIX_EPOCH).unwrap().as_secs(), 784_111_777);
-        assert!(httpdate_parse("soon").is_none());
+    fn retry_after_is_bounded_whatever_the_server_sends() {
+        assert_eq!(parse_retry_after("2"), Some(Duration::from_secs(2)));
+        assert_eq!(parse_retry_after("99999999999999999999999999"), Some(MAX_RETRY_AFTER));
+        assert_eq!(parse_retry_after("Sun, 06 Nov 1994 08:49:37 GMT"), Some(Duration::ZERO));
+        assert_eq!(parse_retry_after("Fri, 31 Dec 9999 23:59:59 GMT"), Some(MAX_RETRY_AFTER));
+        for bad in [
+            "Sun, 06 Nov 400000000000 08:49:37 GMT",
+            "Sun, 00 Nov 1994 08:49:37 GMT",
+            "Sun, 32 Nov 1994 08:49:37 GMT",
+            "Sun, 06 Nov 1994 25:49:37 GMT",
+            "Sun, 06 Nov 1969 08:49:37 GMT",
+            "-5",
+            "1.5",
+            "soon",
+            "",
+        ] {
+            assert_eq!(parse_retry_after(bad), None, "{bad}");
+        }
     }
 }

@@ -11,6 +11,7 @@ use crate::client::{self, Client, NetOptions};
 use crate::error::{Error, Result};
 use crate::follow::FollowOptions;
 use crate::net;
+use crate::hooks::Phase;
 use crate::pacer::{redis_store, PacingConfig, PacingMode, StoreChoice};
 use crate::script;
 
@@ -30,6 +31,7 @@ pub const INVALID_DEADLINE: &str = "cleanupDeadlineMs must be an integer between
 pub const INVALID_CONFIRM: &str = "confirmPollMs must be an integer between 1 and 600000.";
 pub const INVALID_LEFTOVER: &str = "leftoverProcesses must be 'keep' or 'terminate'.";
 pub const INVALID_IDLE: &str = "streamIdleTimeoutMs must be an integer between 1000 and 3600000.";
+pub const INVALID_PANIC_AT: &str = "__panicAt must be 'create', 'follow' or 'cleanup'.";
 pub const INVALID_CONFIG: &str = "CreateOS client configuration must be an object.";
 pub const INVALID_PARAMS: &str = "Sandbox command parameters must be an object.";
 
@@ -52,6 +54,8 @@ pub struct Config {
     pub follow: FollowOptions,
     /// `proxy` and `caCertPem` (see `net.rs`).
     pub net: NetOptions,
+    /// Test hook (`test-hooks` feature only): panic at this phase.
+    pub panic_at: Option<Phase>,
 }
 
 impl Config {
@@ -161,7 +165,10 @@ pub fn parse_config(v: &Value) -> Result<Config> {
         Some(t) => integer(t, 1, 86_400_000).ok_or(Error::Input(INVALID_TIMEOUT))?,
     };
     let pacing = parse_pacing(m, &api_key)?;
-    let mut cleanup = CleanupPolicy { deadline: Duration::from_millis(timeout_ms), ..CleanupPolicy::default() };
+    let panic_at = panic_hook(m)?;
+    // The verdict comes within 30 s by default, however long the command may run.
+    let deadline = Duration::from_millis(timeout_ms).min(crate::cleanup::DEFAULT_DEADLINE);
+    let mut cleanup = CleanupPolicy { deadline, panic_at, ..CleanupPolicy::default() };
     if let Some(g) = opt(m, "cleanupGraceMs") {
         let graces = g.as_array().filter(|a| !a.is_empty() && a.len() <= 16).ok_or(Error::Input(INVALID_GRACE))?;
         cleanup.graces_ms =
@@ -179,7 +186,8 @@ pub fn parse_config(v: &Value) -> Result<Config> {
         Some(Some("terminate")) => Leftover::Terminate,
         _ => return Err(Error::Input(INVALID_LEFTOVER)),
     };
-    let mut follow = FollowOptions { request_timeout: Duration::from_millis(timeout_ms), ..FollowOptions::default() };
+    let mut follow =
+        FollowOptions { request_timeout: Duration::from_millis(timeout_ms), panic_at, ..FollowOptions::default() };
     if let Some(i) = opt(m, "streamIdleTimeoutMs") {
         follow.idle_timeout = Duration::from_millis(integer(i, 1000, 3_600_000).ok_or(Error::Input(INVALID_IDLE))?);
     }
@@ -193,7 +201,23 @@ pub fn parse_config(v: &Value) -> Result<Config> {
         cleanup,
         leftover,
         follow,
+        panic_at,
     })
+}
+
+/// `__panicAt` (test hook): honoured only with the `test-hooks` feature, ignored otherwise.
+#[cfg(feature = "test-hooks")]
+fn panic_hook(m: &Map<String, Value>) -> Result<Option<Phase>> {
+    match opt(m, "__panicAt") {
+        None => Ok(None),
+        Some(v) => v.as_str().and_then(Phase::parse).map(Some).ok_or(Error::Input(INVALID_PANIC_AT)),
+    }
+}
+
+#[cfg(not(feature = "test-hooks"))]
+#[allow(clippy::unnecessary_wraps)]
+fn panic_hook(_: &Map<String, Value>) -> Result<Option<Phase>> {
+    Ok(None)
 }
 
 /// A command to run.
@@ -283,6 +307,11 @@ mod tests {
         assert_eq!(c.timeout, Duration::from_secs(300));
         assert_eq!(c.pacing, PacingConfig::default());
         assert_eq!(c.cleanup.graces_ms, vec![1000, 5000]);
+        assert_eq!(c.cleanup.deadline, Duration::from_secs(30), "min(timeoutMs, 30000)");
+        let short = parse_config(&json!({"apiUrl": "https://x.io", "timeoutMs": 2500})).unwrap();
+        assert_eq!(short.cleanup.deadline, Duration::from_millis(2500));
+        let long = parse_config(&json!({"apiUrl": "https://x.io", "cleanupDeadlineMs": 90000})).unwrap();
+        assert_eq!(long.cleanup.deadline, Duration::from_secs(90), "an explicit deadline wins");
         assert!(parse_config(&json!({"apiUrl": "http://example.com"})).is_err());
         assert!(parse_config(&json!({"apiUrl": "https://x.io", "timeoutMs": 0})).is_err());
         assert!(parse_config(&json!({"apiUrl": "https://x.io", "pacing": "fast"})).is_err());

@@ -76,9 +76,19 @@ pub struct CleanupReport {
     pub attempts: Vec<Attempt>,
 }
 
+/// What a host learns when a sandbox could not be proven destroyed.
+#[derive(Debug, Clone, PartialEq)]
+pub struct DestroyReport {
+    pub sandbox_id: String,
+    pub attempts: Vec<Attempt>,
+}
+
+pub const DESTROY_UNCONFIRMED: &str = "CreateOS sandbox destruction could not be confirmed.";
 pub const CREATION_UNCONFIRMED: &str =
     "CreateOS process creation could not be confirmed; destroy the lease before reusing it.";
 pub const TERMINATION_UNCONFIRMED: &str = "CreateOS command cleanup failed; process termination is unconfirmed.";
+/// The `Internal` text of a caught panic.
+pub const PANIC: &str = "a panic in native code";
 pub const CANCELLED: &str = "CreateOS command was cancelled.";
 pub const UNTRUSTED_CERTIFICATE: &str = "CreateOS TLS certificate is not trusted.";
 pub const NOT_STARTED: &str = "CreateOS command did not start; its start gate could not be opened.";
@@ -120,6 +130,9 @@ pub enum Error {
     /// Containment is unproven: the host must destroy the sandbox.
     #[error("{}", cleanup_message(.0.reason))]
     Cleanup(Box<CleanupReport>),
+    /// `destroySandbox` could not prove the sandbox gone within its deadline.
+    #[error("{DESTROY_UNCONFIRMED}")]
+    DestroyUnconfirmed(Box<DestroyReport>),
     /// A bug of ours (a panic, an impossible state). Fixed text only.
     #[error("createos-execute internal error: {0}.")]
     Internal(&'static str),

@@ -17,9 +17,10 @@
 //! `timedOut` result with the output so far, any other abort is a cancellation.
 
 use std::time::Duration;
+use std::panic::AssertUnwindSafe;
 
 use bytes::Bytes;
-use futures_util::StreamExt;
+use futures_util::{FutureExt, StreamExt};
 use reqwest::Method;
 use serde_json::{json, Value};
 use tokio::sync::{mpsc, oneshot};
@@ -28,8 +29,9 @@ use crate::abort::{Abort, Ctx};
 use crate::cleanup::{self, Steps};
 use crate::client::{self, Body, Client};
 use crate::config::{Config, Leftover, Params};
-use crate::error::{CleanupReason, Error, Operation, Result};
+use crate::error::{CleanupReason, Error, Operation, Result, PANIC};
 use crate::follow::{self, Followed, Sink};
+use crate::hooks::{self, Phase};
 use crate::output::{self, Captured, LogLine, Output};
 use crate::pacer;
 use crate::script::{self, Gate};
@@ -82,7 +84,7 @@ struct CaptureSink<'a> {
 }
 
 impl Sink for CaptureSink<'_> {
-    fn connected(&mut self) {
+    async fn connected(&mut self) {
         if let Some(tx) = self.connected.take() {
             let _ = tx.send(());
         }
@@ -117,9 +119,22 @@ pub async fn execute(
         Some(&Gate { gate_path: &gate_path, stdin_path: stdin_path.as_deref(), timeout_s: gate_timeout_s }),
     )?;
     let mut progress = Progress::default();
-    let run =
-        run_managed(&client, cfg, params, &ctx, &script, &gate_path, stdin_path.as_deref(), &mut output, &mut progress)
-            .await;
+    // A panic anywhere in the run is an error like any other: it still goes through the
+    // cleanup below (the cleanup has its own panic guard).
+    let run = AssertUnwindSafe(run_managed(
+        &client,
+        cfg,
+        params,
+        &ctx,
+        &script,
+        &gate_path,
+        stdin_path.as_deref(),
+        &mut output,
+        &mut progress,
+    ))
+    .catch_unwind()
+    .await
+    .unwrap_or(Err(Error::Internal(PANIC)));
     let sb = params.sandbox_id.as_str();
     match run {
         Ok(mut result) => {
@@ -142,10 +157,12 @@ pub async fn execute(
                 files.push(&gate_path);
                 files.extend(stdin_path.as_deref());
             }
+            // The process the verdict is about: ours, or one found behind a lost answer.
+            let mut reported = progress.process_id.clone();
             let contained = if let Some(pid) = &progress.process_id {
-                cleanup::terminate(&client, sb, pid, &cfg.cleanup, &cleanup_ctx, &mut steps)
+                cleanup::terminate(&client, sb, pid, &cfg.cleanup, &cleanup_ctx, &mut steps, false)
                     .await
-                    .map_err(|_| CleanupReason::TerminationUnconfirmed)
+                    .map_err(|()| CleanupReason::TerminationUnconfirmed)
             } else if progress.creation_ambiguous {
                 if cfg.cleanup.legacy {
                     Err(CleanupReason::CreationUnconfirmed)
@@ -153,16 +170,23 @@ pub async fn execute(
                     cleanup::recover_creation(&client, sb, &gate_path, &cfg.cleanup, &cleanup_ctx, &mut steps)
                         .await
                         .map(|_| ())
-                        .map_err(|_| CleanupReason::CreationUnconfirmed)
+                        .map_err(|f| {
+                            reported = f.process_id;
+                            f.reason
+                        })
                 }
             } else {
                 Ok(())
             };
-            cleanup::remove_files(&client, sb, &files, cfg.cleanup.deadline).await;
+            // Best effort, and never a reason to lose the verdict.
+            let _ =
+                AssertUnwindSafe(cleanup::remove_files(&client, sb, &files, cfg.cleanup.deadline)).catch_unwind().await;
             if let Err(reason) = contained {
-                return Err(steps.report(reason, sb, progress.process_id.as_deref()));
+                return Err(steps.report(reason, sb, reported.as_deref()));
             }
-            if abort.is_aborted() {
+            // Only an abort that ended the run makes the outcome an abort: one that fired
+            // during the cleanup never replaces a real error (a gap, an eviction, a panic).
+            if err.is_abort() && abort.is_aborted() {
                 return aborted(&abort, output.finish().await, progress.process_id);
             }
             Err(err)
@@ -200,6 +224,8 @@ async fn run_managed(
         }
     };
     progress.staged = stdin_path.is_some();
+    // Ambiguous until the answer says otherwise (a panic in flight leaves it so).
+    progress.creation_ambiguous = true;
     let create = async {
         let started = tokio::time::Instant::now();
         let r = client.create_process(sb, json!({ "cmd": "/bin/bash", "args": ["-lc", script] }), ctx).await;
@@ -207,7 +233,8 @@ async fn run_managed(
     };
     // Both are awaited to the end (never one dropped half-way), so what each did is known.
     let (staged, ((created, maybe_created), create_rtt)) = tokio::join!(stage, create);
-    let created = created.inspect_err(|_| progress.creation_ambiguous = maybe_created)?;
+    progress.creation_ambiguous = maybe_created;
+    let created = created?;
     let pid = match created.get("process_id").and_then(Value::as_str) {
         Some(id) if client::is_identifier(id) => id.to_owned(),
         _ => {
@@ -217,6 +244,7 @@ async fn run_managed(
     };
     progress.process_id = Some(pid.clone());
     staged?;
+    hooks::panic_at(cfg.panic_at, Phase::Create);
 
     // 3: follow, and open the gate once attached (see `open_gate`).
     let (tx, rx) = oneshot::channel();
@@ -236,7 +264,9 @@ async fn run_managed(
     if cfg.leftover == Leftover::Terminate && tree_exited != Some(true) {
         let mut steps = Steps::new();
         let cleanup_ctx = Ctx::cleanup(cfg.cleanup.deadline);
-        if cleanup::terminate(client, sb, &pid, &cfg.cleanup, &cleanup_ctx, &mut steps).await.is_err() {
+        // The exit said the tree was alive: a 404 now would be no proof.
+        let seen_alive = tree_exited == Some(false);
+        if cleanup::terminate(client, sb, &pid, &cfg.cleanup, &cleanup_ctx, &mut steps, seen_alive).await.is_err() {
             return Err(steps.report(CleanupReason::TerminationUnconfirmed, sb, Some(&pid)));
         }
     }
@@ -398,8 +428,9 @@ pub enum FollowEvent {
 struct ChannelSink(mpsc::Sender<FollowEvent>);
 
 impl Sink for ChannelSink {
-    fn connected(&mut self) {
-        let _ = self.0.try_send(FollowEvent::Connected);
+    async fn connected(&mut self) {
+        // Awaited like the data: the event is never dropped when the host is behind.
+        let _ = self.0.send(FollowEvent::Connected).await;
     }
 
     async fn data(&mut self, stream: StreamKind, bytes: Vec<u8>) -> Result<()> {
@@ -424,17 +455,18 @@ pub async fn follow_process(
     Ok(followed.exit)
 }
 
-/// Destroys a sandbox; 404 counts as success (already gone).
+/// Destroys a sandbox and proves it gone (see [`cleanup::destroy_sandbox`]), within the
+/// cleanup deadline. `Ok(())` = confirmed destroyed; else `Error::DestroyUnconfirmed`.
 pub async fn destroy_sandbox(cfg: &Config, sandbox_id: &str) -> Result<()> {
     let client = cfg.client()?;
     let ctx = Ctx::cleanup(cfg.cleanup.deadline);
-    match client
-        .json(Operation::SandboxLifecycle, Method::DELETE, &format!("/sandboxes/{sandbox_id}"), None, &ctx)
-        .await
-    {
-        Ok(_) | Err(Error::Api { status: 404, .. }) => Ok(()),
-        Err(e) => Err(e),
-    }
+    let run = cleanup::destroy_sandbox(&client, sandbox_id, &ctx);
+    AssertUnwindSafe(run).catch_unwind().await.unwrap_or_else(|_| {
+        Err(Error::DestroyUnconfirmed(Box::new(crate::error::DestroyReport {
+            sandbox_id: sandbox_id.to_owned(),
+            attempts: Vec::new(),
+        })))
+    })
 }
 
 /// Waits for a request slot of `api_url`'s origin (shared with every call in the process).

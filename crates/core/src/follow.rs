@@ -3,10 +3,17 @@
 //!
 //! Rules (fail closed): a frame's `seq` must be `cursor + 1` (duplicates `<= cursor` are
 //! skipped, anything else is a gap); an `error` frame, HTTP 410, invalid base64 or an invalid
-//! `seq` end the follow with an error. A stream that ends or breaks without an exit frame is
-//! reconnected from the cursor, at most [`FollowOptions::max_reconnects`] times; then the exit
-//! is recovered with `wait?scope=tree` and accepted only when the journal's `newest_seq`
-//! equals the cursor (after one more round of replays if it does not yet).
+//! `seq` end the follow with an error.
+//!
+//! Reconnects: a stream that ends or breaks without an exit frame is reconnected from the
+//! cursor. The budget, [`FollowOptions::max_reconnects`], counts *consecutive attempts that
+//! delivered nothing new*: a connect that advanced the cursor resets it, so a stream cut every
+//! few frames is followed to its end however often it is cut. Once the budget is spent, the
+//! exit is recovered with `wait?scope=tree` — and the stream is still read meanwhile (the
+//! long-poll runs alongside the reconnects, never instead of them), so a chatty command's
+//! output is not evicted from the journal while the follower waits. The recovered exit is
+//! accepted only when the journal's `newest_seq` equals the cursor; a missing tail gets one
+//! more round of replays.
 //!
 //! An exit frame is accepted only when every data frame before it was delivered: its
 //! `newest_seq` (or, when the frame has none, the process record's `output.newest_seq`) must
@@ -14,6 +21,7 @@
 //! reconnecting from the cursor, never silently dropped.
 
 use std::future::Future;
+use std::pin::Pin;
 use std::time::Duration;
 
 use futures_util::StreamExt;
@@ -24,6 +32,7 @@ use tokio::sync::mpsc;
 use crate::abort::Ctx;
 use crate::client::{Body, Client, Retry};
 use crate::error::{Error, Operation, Result};
+use crate::hooks::{self, Phase};
 use crate::stream::{self, LineSplitter, ProcessExit, ProcessFrame, StreamKind};
 
 pub const CONNECTION_FAILED: &str = "CreateOS process output connection failed.";
@@ -33,14 +42,17 @@ pub const SEQUENCE_GAP: &str = "CreateOS process output has a sequence gap.";
 
 /// Where followed output goes.
 pub trait Sink: Send {
-    /// The stream is attached (called on every successful connect).
-    fn connected(&mut self);
+    /// The stream is attached (called on every successful connect; waiting here slows the
+    /// reader, so an event is never dropped).
+    fn connected(&mut self) -> impl Future<Output = ()> + Send;
     /// One chunk of output, in sequence order. Waiting here slows the reader.
     fn data(&mut self, stream: StreamKind, bytes: Vec<u8>) -> impl Future<Output = Result<()>> + Send;
 }
 
 #[derive(Debug, Clone)]
 pub struct FollowOptions {
+    /// How many consecutive connects that deliver nothing new are tolerated before the exit
+    /// is recovered through `wait` (a connect that advances the cursor resets the count).
     pub max_reconnects: u32,
     pub reconnect_delay: Duration,
     /// A stream that carries no byte (not even a heartbeat) for this long is treated as broken.
@@ -51,6 +63,8 @@ pub struct FollowOptions {
     pub max_wait_polls: u32,
     /// Per-request timeout for `wait` beyond its long-poll budget.
     pub request_timeout: Duration,
+    /// Test hook (`test-hooks` feature only): panic at this phase.
+    pub panic_at: Option<Phase>,
 }
 
 impl Default for FollowOptions {
@@ -62,6 +76,7 @@ impl Default for FollowOptions {
             wait_timeout_ms: 30_000,
             max_wait_polls: 20,
             request_timeout: Duration::from_secs(30),
+            panic_at: None,
         }
     }
 }
@@ -77,6 +92,18 @@ fn process_path(sandbox_id: &str, process_id: &str) -> String {
     format!("/sandboxes/{sandbox_id}/processes/{process_id}")
 }
 
+type Recovery<'a> = Pin<Box<dyn Future<Output = Result<(Followed, u64)>> + Send + 'a>>;
+
+/// What one connect attempt gave.
+enum Attempt {
+    /// An exit frame (completeness not yet checked).
+    Exit(ExitFrame),
+    /// The stream opened, then ended or broke without an exit frame.
+    Broken,
+    /// The connect failed (no stream).
+    NotOpened,
+}
+
 /// Follows `process_id` until its exit, delivering every output byte exactly once, in order.
 pub async fn follow(
     client: &Client,
@@ -88,66 +115,125 @@ pub async fn follow(
 ) -> Result<Followed> {
     let base = process_path(sandbox_id, process_id);
     let mut cursor: u64 = 0;
-    let mut reconnects = 0u32;
+    // Consecutive attempts that delivered nothing new.
+    let mut failures = 0u32;
     let mut recovered: Option<(Followed, u64)> = None;
+    // The exit recovery in flight (`wait?scope=tree`), polled alongside the reads.
+    let mut waiting: Option<Recovery<'_>> = None;
     loop {
         ctx.check()?;
-        let opened = client
-            .open_stream(
-                Operation::OutputConnection,
-                Method::GET,
-                &format!("{base}/connect?after={cursor}"),
-                Body::Empty,
-                ctx,
-            )
-            .await;
-        let broken = match opened {
-            Ok(resp) => {
-                sink.connected();
-                match read_stream(resp, &mut cursor, ctx, sink, opts.idle_timeout).await? {
-                    Some(exit) => {
-                        let (done, newest) = complete(client, &base, exit, ctx).await?;
-                        if newest < cursor {
-                            return Err(Error::Protocol(JOURNAL_INVALID));
-                        }
-                        if newest == cursor {
-                            return Ok(done);
-                        }
-                        // Frames before the exit are missing: replay them from the cursor.
-                        recovered = Some((done, newest));
-                        true
+        let before = cursor;
+        let attempt = connect_once(client, &base, &mut cursor, ctx, sink, opts);
+        let mut waited = None;
+        let outcome = match waiting.as_mut() {
+            None => attempt.await,
+            Some(w) => {
+                tokio::pin!(attempt);
+                loop {
+                    tokio::select! {
+                        biased;
+                        r = &mut attempt => break r,
+                        res = w.as_mut(), if waited.is_none() => waited = Some(res),
                     }
-                    None => true,
                 }
             }
-            Err(Error::Api { status: 410, .. }) => return Err(Error::Protocol(stream::OUTPUT_EVICTED)),
-            Err(e @ Error::Api { status, .. }) if status < 500 && status != 429 => return Err(e),
-            Err(e @ (Error::Redirect { .. } | Error::Cancelled | Error::TimedOut | Error::Input(_))) => return Err(e),
-            Err(_) => false,
         };
-        reconnects += 1;
-        if reconnects > opts.max_reconnects {
-            if let Some((done, newest)) = &recovered {
-                if cursor == *newest {
-                    return Ok(done.clone());
+        if waited.is_some() {
+            waiting = None;
+        }
+        let opened = match outcome? {
+            Attempt::Exit(exit) => {
+                let (done, newest) = complete(client, &base, exit, ctx).await?;
+                if newest < cursor {
+                    return Err(Error::Protocol(JOURNAL_INVALID));
                 }
+                if newest == cursor {
+                    return Ok(done);
+                }
+                // Frames before the exit are missing: replay them from the cursor.
+                recovered = Some((done, newest));
+                true
+            }
+            Attempt::Broken => true,
+            Attempt::NotOpened => false,
+        };
+        if let Some(res) = waited {
+            let (done, newest) = res?;
+            if newest < cursor {
+                return Err(Error::Protocol(JOURNAL_INVALID));
+            }
+            recovered = Some((done, newest));
+        }
+        if let Some((done, newest)) = &recovered {
+            if cursor == *newest {
+                return Ok(done.clone());
+            }
+        }
+        if cursor > before {
+            failures = 0;
+        } else {
+            failures += 1;
+        }
+        if failures > opts.max_reconnects {
+            if recovered.is_some() {
                 return Err(Error::Protocol(REPLAY_INCOMPLETE));
             }
-            if !broken {
+            if let Some(w) = waiting.take() {
+                // The streams deliver nothing more: only the recovery can end this.
+                let (done, newest) = w.await?;
+                if newest < cursor {
+                    return Err(Error::Protocol(JOURNAL_INVALID));
+                }
+                if newest == cursor {
+                    return Ok(done);
+                }
+                // The tree is gone and its journal is final: one more round of replays may
+                // still deliver the missing tail.
+                recovered = Some((done, newest));
+                failures = 0;
+                ctx.sleep(Duration::from_secs(1)).await?;
+                continue;
+            }
+            if !opened {
                 return Err(Error::Protocol(CONNECTION_FAILED));
             }
-            let (done, newest) = recover_exit(client, &base, cursor, ctx, opts).await?;
-            if cursor == newest {
-                return Ok(done);
-            }
-            // The tree is gone and its journal is final: one more round of replays may
-            // still deliver the missing tail.
-            recovered = Some((done, newest));
-            reconnects = 0;
-            ctx.sleep(Duration::from_secs(1)).await?;
-            continue;
+            waiting = Some(Box::pin(recover_exit(client, &base, ctx, opts)));
+            failures = 0;
         }
         ctx.sleep(opts.reconnect_delay).await?;
+    }
+}
+
+/// One connect and read, from the cursor.
+async fn connect_once(
+    client: &Client,
+    base: &str,
+    cursor: &mut u64,
+    ctx: &Ctx,
+    sink: &mut impl Sink,
+    opts: &FollowOptions,
+) -> Result<Attempt> {
+    let opened = client
+        .open_stream(
+            Operation::OutputConnection,
+            Method::GET,
+            &format!("{base}/connect?after={cursor}"),
+            Body::Empty,
+            ctx,
+        )
+        .await;
+    match opened {
+        Ok(resp) => {
+            sink.connected().await;
+            Ok(match read_stream(resp, cursor, ctx, sink, opts).await? {
+                Some(exit) => Attempt::Exit(exit),
+                None => Attempt::Broken,
+            })
+        }
+        Err(Error::Api { status: 410, .. }) => Err(Error::Protocol(stream::OUTPUT_EVICTED)),
+        Err(e @ Error::Api { status, .. }) if status < 500 && status != 429 => Err(e),
+        Err(e @ (Error::Redirect { .. } | Error::Cancelled | Error::TimedOut | Error::Input(_))) => Err(e),
+        Err(_) => Ok(Attempt::NotOpened),
     }
 }
 
@@ -194,8 +280,9 @@ async fn read_stream(
     cursor: &mut u64,
     ctx: &Ctx,
     sink: &mut impl Sink,
-    idle: Duration,
+    opts: &FollowOptions,
 ) -> Result<Option<ExitFrame>> {
+    let idle = opts.idle_timeout;
     let (tx, mut body) = mpsc::channel(READ_AHEAD);
     let _reader = AbortOnDrop(tokio::spawn(async move {
         let mut stream = resp.bytes_stream();
@@ -220,6 +307,9 @@ async fn read_stream(
             if let Some(done) = handle_line(&line, cursor, sink).await? {
                 return Ok(Some(done));
             }
+            if *cursor > 0 {
+                hooks::panic_at(opts.panic_at, Phase::Follow);
+            }
         }
     }
     if let Some(line) = lines.finish()? {
@@ -238,7 +328,7 @@ async fn handle_line(line: &[u8], cursor: &mut u64, sink: &mut impl Sink) -> Res
             if seq <= *cursor {
                 return Ok(None);
             }
-            if seq != *cursor + 1 {
+            if Some(seq) != cursor.checked_add(1) {
                 return Err(Error::Protocol(SEQUENCE_GAP));
             }
             sink.data(stream, bytes).await?;
@@ -253,15 +343,9 @@ async fn handle_line(line: &[u8], cursor: &mut u64, sink: &mut impl Sink) -> Res
 
 /// Long-polls `wait?scope=tree` (408 = still running, ask again; bounded) and returns the
 /// exit and the journal's `newest_seq`.
-async fn recover_exit(
-    client: &Client,
-    base: &str,
-    cursor: u64,
-    ctx: &Ctx,
-    opts: &FollowOptions,
-) -> Result<(Followed, u64)> {
+async fn recover_exit(client: &Client, base: &str, ctx: &Ctx, opts: &FollowOptions) -> Result<(Followed, u64)> {
     let path = format!("{base}/wait?scope=tree&timeout_ms={}", opts.wait_timeout_ms);
-    let timeout = Duration::from_millis(opts.wait_timeout_ms) + opts.request_timeout;
+    let timeout = Duration::from_millis(opts.wait_timeout_ms).saturating_add(opts.request_timeout);
     let mut polls = 0;
     let data = loop {
         match client.json_with(Operation::ProcessStatus, Method::GET, &path, None, ctx, Retry::Safe, timeout).await {
@@ -270,7 +354,7 @@ async fn recover_exit(
             Err(e) => return Err(e),
         }
     };
-    let newest = newest_seq(&data).filter(|n| *n >= cursor).ok_or(Error::Protocol(JOURNAL_INVALID))?;
+    let newest = newest_seq(&data).ok_or(Error::Protocol(JOURNAL_INVALID))?;
     let exit =
         stream::exit_status(data.get("exit_code").unwrap_or(&Value::Null), data.get("signal").unwrap_or(&Value::Null))?;
     Ok((Followed { exit, tree_exited: data.get("tree_exited").and_then(Value::as_bool) }, newest))

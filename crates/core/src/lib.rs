@@ -13,6 +13,7 @@ pub mod config;
 pub mod error;
 pub mod execute;
 pub mod follow;
+pub mod hooks;
 pub mod net;
 pub mod output;
 pub mod pacer;

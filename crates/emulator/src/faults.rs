@@ -32,11 +32,15 @@ impl FaultRule {
 #[serde(tag = "kind", rename_all = "camelCase")]
 pub enum FaultAction {
     /// Answer `status` (JSend body carrying the fake secret `secret-body-token`); with
-    /// `after_handler` the real handler runs first and its answer is discarded.
+    /// `after_handler` the real handler runs first and its answer is discarded. A 429 or 503
+    /// carries `Retry-After: 1`, or `retry_after` verbatim (any text: a huge HTTP-date, a
+    /// malformed one, an absurd number) when given.
     Status {
         status: u16,
         #[serde(default, alias = "afterHandler")]
         after_handler: bool,
+        #[serde(default, alias = "retryAfter")]
+        retry_after: Option<String>,
     },
     /// Close the TCP connection without any response (optionally after the real handler ran).
     DropConnection {
@@ -87,6 +91,9 @@ pub enum FaultAction {
     TreeExitedFalse,
     /// Answer `tree_exited:false` at once and really SIGKILL the tree `ms` later.
     TreeExitsAfter { ms: u64 },
+    // ---- list faults (route `listProcesses`) ----
+    /// Serve at most `limit` processes per page, whatever the client asks for.
+    PageSize { limit: usize },
 }
 
 impl FaultAction {
@@ -106,6 +113,7 @@ impl FaultAction {
             | HeartbeatsOnly { .. }
             | FastStream { .. } => route == "connect",
             TreeExitedFalse | TreeExitsAfter { .. } => route == "deleteProcess",
+            PageSize { .. } => route == "listProcesses",
         }
     }
 }
@@ -140,6 +148,8 @@ pub(crate) struct Fired {
     pub response: Option<FaultAction>,
     pub stream: StreamFaults,
     pub delete: DeleteFaults,
+    /// Page size cap of a process list.
+    pub page_size: Option<usize>,
 }
 
 pub(crate) fn evaluate(slots: &mut [super::FaultSlot], route: &str, method: &str) -> Fired {
@@ -190,6 +200,7 @@ pub(crate) fn evaluate(slots: &mut [super::FaultSlot], route: &str, method: &str
             FastStream { mib, frame_bytes } => s.fast = Some((*mib, (*frame_bytes).max(1))),
             TreeExitedFalse => fired.delete.tree_exited_false = true,
             TreeExitsAfter { ms } => fired.delete.tree_exits_after = Some(*ms),
+            PageSize { limit } => fired.page_size = Some((*limit).max(1)),
         }
     }
     fired

@@ -32,6 +32,8 @@ const WAIT_DEFAULT_MS: u64 = 30_000;
 const WAIT_MAX_MS: u64 = 300_000;
 const DELETE_GRACE_DEFAULT_MS: u64 = 1_000;
 const DELETE_GRACE_MAX_MS: u64 = 600_000;
+const LIST_DEFAULT: usize = 50;
+const LIST_MAX: usize = 500;
 const STREAM_CHANNEL: usize = 8;
 pub(crate) const FAULT_SECRET: &str = "secret-body-token";
 
@@ -54,7 +56,7 @@ pub(crate) fn error(status: StatusCode, message: &str) -> Response {
     (status, axum::Json(json!({"status":"error","message":message,"code":status.as_u16()}))).into_response()
 }
 
-fn fault_response(status: u16) -> Response {
+fn fault_response(status: u16, retry_after: Option<&str>) -> Response {
     let code = StatusCode::from_u16(status).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
     let mut resp = if code.as_u16() >= 500 {
         (
@@ -68,7 +70,8 @@ fn fault_response(status: u16) -> Response {
         (code, axum::Json(json!({"status":"fail","data":{"fault":"injected","token":FAULT_SECRET}}))).into_response()
     };
     if code == StatusCode::TOO_MANY_REQUESTS || code == StatusCode::SERVICE_UNAVAILABLE {
-        resp.headers_mut().insert(header::RETRY_AFTER, HeaderValue::from_static("1"));
+        let value = retry_after.and_then(|v| HeaderValue::from_str(v).ok()).unwrap_or(HeaderValue::from_static("1"));
+        resp.headers_mut().insert(header::RETRY_AFTER, value);
     }
     resp
 }
@@ -264,7 +267,9 @@ async fn front(
         tokio::time::sleep(Duration::from_millis(fired.delay_ms)).await;
     }
     match &fired.response {
-        Some(FaultAction::Status { status, after_handler: false }) => return Some(fault_response(*status)),
+        Some(FaultAction::Status { status, after_handler: false, retry_after }) => {
+            return Some(fault_response(*status, retry_after.as_deref()))
+        }
         Some(FaultAction::DropConnection { after_handler: false }) => return None,
         Some(FaultAction::Redirect { location }) => {
             let mut r = StatusCode::TEMPORARY_REDIRECT.into_response();
@@ -277,9 +282,9 @@ async fn front(
     }
     let resp = handle(inner, rm, &query, body, &fired).await;
     match &fired.response {
-        Some(FaultAction::Status { status, after_handler: true }) => {
+        Some(FaultAction::Status { status, after_handler: true, retry_after }) => {
             drop(resp);
-            Some(fault_response(*status))
+            Some(fault_response(*status, retry_after.as_deref()))
         }
         Some(FaultAction::DropConnection { after_handler: true }) => {
             drop(resp);
@@ -388,10 +393,7 @@ async fn handle(
         "getFile" => get_file(&sb, query).await,
         "exec" | "execStream" => exec(inner, &sb, query, body, rm.name == "execStream", fired).await,
         "createProcess" => create_process(inner, &sb, body),
-        "listProcesses" => {
-            let list: Vec<Value> = sb.procs.lock().unwrap().iter().map(|p| p.to_json()).collect();
-            ok(StatusCode::OK, json!({"processes": list}))
-        }
+        "listProcesses" => list_processes(&sb, query, fired),
         _ => {
             let Some(p) = rm.process.as_deref().and_then(|id| sb.process(id)) else {
                 return not_found_process();
@@ -408,6 +410,23 @@ async fn handle(
             }
         }
     }
+}
+
+/// `GET …/processes?limit=&offset=`: pages of at most 500 (default 50, as the API's other
+/// lists), oldest first, with `pagination { total, limit, offset, count }`.
+fn list_processes(sb: &Sandbox, query: &HashMap<String, String>, fired: &Fired) -> Response {
+    let number = |k: &str, default: usize| match query.get(k) {
+        None => Ok(default),
+        Some(s) => {
+            s.parse::<usize>().map_err(|_| fail(StatusCode::BAD_REQUEST, json!({k: "must be a non-negative integer"})))
+        }
+    };
+    let limit = tri!(number("limit", LIST_DEFAULT)).clamp(1, LIST_MAX).min(fired.page_size.unwrap_or(usize::MAX));
+    let offset = tri!(number("offset", 0));
+    let procs = sb.procs.lock().unwrap();
+    let page: Vec<Value> = procs.iter().skip(offset).take(limit).map(|p| p.to_json()).collect();
+    let pagination = json!({"total": procs.len(), "limit": limit, "offset": offset, "count": page.len()});
+    ok(StatusCode::OK, json!({"processes": page, "pagination": pagination}))
 }
 
 async fn delete_sandbox(inner: &Arc<Inner>, sb: Arc<Sandbox>) -> Response {
@@ -437,7 +456,8 @@ async fn delete_sandbox(inner: &Arc<Inner>, sb: Arc<Sandbox>) -> Response {
     }
     let dir = sb.dir.clone();
     let _ = tokio::task::spawn_blocking(move || std::fs::remove_dir_all(dir)).await;
-    ok(StatusCode::OK, json!({"id":sb.id,"status":"deleted"}))
+    // Reclaimed inline: `destroyed` (the API answers `destroying` when it reclaims later).
+    ok(StatusCode::OK, json!({"id":sb.id,"status":"destroyed"}))
 }
 
 async fn put_file(sb: &Sandbox, query: &HashMap<String, String>, body: Bytes) -> Response {

@@ -60,7 +60,7 @@ fn fault_rules_parse_and_count() {
         r#"{"route":"createProcess","skip":1,"times":1,"action":{"kind":"status","status":500,"afterHandler":true}}"#,
     )
     .unwrap();
-    assert!(matches!(r.action, FaultAction::Status { status: 500, after_handler: true }));
+    assert!(matches!(r.action, FaultAction::Status { status: 500, after_handler: true, .. }));
     let r2 = FaultRule::from_json(r#"{"action":{"kind":"fastStream","mib":1,"frame_bytes":1000}}"#).unwrap();
     assert_eq!(r2.skip, 0);
     FaultRule::from_json(r#"{"action":{"kind":"treeExitedFalse"}}"#).unwrap();

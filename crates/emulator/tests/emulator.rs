@@ -142,7 +142,7 @@ async fn auth_sandboxes_and_request_log() {
         let r = c.delete(&format!("/sandboxes/{id}")).send().await.unwrap();
         assert_eq!(r.status(), 200);
         let v: Value = r.j().await.unwrap();
-        assert_eq!(v["data"], json!({"id": id, "status": "deleted"}));
+        assert_eq!(v["data"], json!({"id": id, "status": "destroyed"}));
         assert!(pid_gone(pid));
         assert_eq!(c.get(&format!("/sandboxes/{id}")).send().await.unwrap().status(), 404);
         assert_eq!(c.get("/nope").send().await.unwrap().status(), 404);
