@@ -532,3 +532,38 @@ pub async fn remove_files(client: &Client, sandbox_id: &str, paths: &[&str], dea
         .json(Operation::WorkspaceCommand, Method::POST, &format!("/sandboxes/{sandbox_id}/exec"), Some(body), &ctx)
         .await;
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    #[test]
+    fn backoff_grows_is_capped_and_jittered() {
+        for round in 1..40 {
+            let d = backoff(round).as_millis() as u64;
+            let ceiling = (BACKOFF_BASE_MS << (round - 1).min(20)).min(BACKOFF_CAP_MS);
+            assert!(d >= ceiling / 2 && d <= ceiling, "round {round}: {d} ms");
+        }
+        assert!(backoff(u32::MAX) <= Duration::from_millis(BACKOFF_CAP_MS));
+    }
+
+    #[test]
+    fn entries_of_ours_with_invalid_ids_are_an_error_not_dropped() {
+        let m = "/tmp/createos-start-abc";
+        let page = vec![
+            json!({ "process_id": "p1", "args": ["-lc", format!("wait {m}")] }),
+            json!({ "process_id": "other", "args": ["-lc", "x"] }),
+            json!({ "process_id": "bad/id", "args": ["y"] }),
+            json!("not even an object"),
+        ];
+        assert_eq!(ours_in_page(&page, m), Ok(vec!["p1".to_owned()]));
+        for bad in [
+            json!({ "process_id": "bad/id", "args": [m] }),
+            json!({ "args": [m] }),
+            json!({ "process_id": 7, "cmd": m }),
+        ] {
+            assert_eq!(ours_in_page(&[page[0].clone(), bad.clone()], m), Err(()), "{bad}");
+        }
+    }
+}
