@@ -19,7 +19,10 @@ export declare class CancelHandle {
   cancel(timedOut: boolean): void
 }
 
-/** Destroys a sandbox (404 = already gone). */
+/**
+ * Destroys a sandbox and confirms it gone; resolves the receipt
+ * `{ providerLeaseId, state: 'destroyed' }`.
+ */
 export declare function destroySandboxNative(client: object, sandboxId: string): Promise<any>
 
 /** Runs a command through a managed process (see `execute.rs`). */

@@ -42,7 +42,7 @@ export interface CreateosConfigLike {
   apiUrl: string
   /** Used when the client has no `apiKey` of its own; else `CREATEOS_API_KEY`. */
   apiKey?: string | null
-  /** Per-request deadline and the fresh cleanup deadline, in ms. Default 300000. */
+  /** Per-request deadline, in ms. Default 300000. */
   timeoutMs?: number
   /** Request pacing per budget key (the API origin by default). Default `'window'` (300 starts in any 60 s), in this process or in `CREATEOS_PACING_STORE`. */
   pacing?: CreateosPacing
@@ -50,7 +50,10 @@ export interface CreateosConfigLike {
   cleanupGraceMs?: number[]
   /** Long-poll budget of one `wait?scope=tree` confirmation during cleanup, in ms. Default 1000. */
   confirmPollMs?: number
-  /** Deadline for the whole cleanup, in ms. Default `timeoutMs`. */
+  /**
+   * Deadline for the whole cleanup (and for `destroySandbox`), in ms: the verdict — proven
+   * gone, or `CreateosCleanupError` — comes within it. Default `min(timeoutMs, 30000)`.
+   */
   cleanupDeadlineMs?: number
   /** Reproduce the TypeScript module's cleanup exactly (one DELETE, grace 1000 ms, no confirmation). */
   legacyCleanup?: boolean
@@ -141,13 +144,25 @@ export declare function execute(
   log?: LogFn,
 ): Promise<ExecuteResult>
 
-/** Same contract over `POST /exec?stream=true` (no process id, no reconnect). */
+/** What `executeStream` resolves to: there is no process id and no tree state. */
+export type ExecuteStreamResult = ExecuteResult & {
+  metadata: ExecuteMetadata & { processId: null; treeExited: null }
+}
+
+/**
+ * Runs `command` over `POST /exec?stream=true` — **the path without a containment proof**.
+ * There is no process id, so nothing can be terminated or confirmed: an abort or an error
+ * (including a dropped stream) only closes the connection, and whether the command is still
+ * running is unknown. Neither a result nor an error of this function proves anything about
+ * the sandbox's processes, and it never throws `CreateosCleanupError`. A host that needs to
+ * know every process is gone uses `execute`.
+ */
 export declare function executeStream(
   client: CreateosClientLike,
   params: ExecuteParams,
   signal?: AbortSignal,
   log?: LogFn,
-): Promise<ExecuteResult>
+): Promise<ExecuteStreamResult>
 
 /** Follows the output of a process the host created, until it exits. */
 export declare function followProcess(
@@ -165,8 +180,32 @@ export declare function shellQuote(value: string): string
 /** Waits for this process's request budget for the API origin of `apiUrl`. */
 export declare function waitForRequest(apiUrl: string, signal?: AbortSignal): Promise<void>
 
-/** Destroys a sandbox (lease); 404 counts as success. */
-export declare function destroySandbox(client: CreateosClientLike, sandboxId: string): Promise<void>
+/** The plugin SDK's `PluginEnvironmentTerminationReceipt`. */
+export interface SandboxTerminationReceipt {
+  providerLeaseId: string
+  state: 'destroyed'
+}
+
+/**
+ * Destroys a sandbox (lease) and resolves only once it is confirmed gone: `DELETE`, then its
+ * state (`GET`) until `destroyed` or 404, within `cleanupDeadlineMs`. Otherwise rejects with
+ * `CreateosDestroyError` (the sandbox may still exist).
+ */
+export declare function destroySandbox(client: CreateosClientLike, sandboxId: string): Promise<SandboxTerminationReceipt>
+
+export interface DestroyAttempt {
+  /** `destroy` (the DELETE), `state` (the GET) or `backoff` */
+  step: string
+  /** e.g. `destroying`, `HTTP 503`, `no response`, `deadline passed` */
+  outcome: string
+  atMs: number
+}
+
+export declare class CreateosDestroyError extends Error {
+  readonly sandboxId?: string
+  readonly attempts: DestroyAttempt[]
+  constructor(message?: string, options?: { sandboxId?: string; attempts?: DestroyAttempt[]; cause?: unknown })
+}
 
 export declare class CreateosApiError extends Error {
   readonly status: number
@@ -176,7 +215,7 @@ export declare class CreateosApiError extends Error {
 export type CleanupReason = 'creation-unconfirmed' | 'termination-unconfirmed'
 
 export interface CleanupAttempt {
-  /** e.g. `delete`, `wait`, `list` */
+  /** e.g. `delete`, `wait`, `list`, `backoff`, `internal` (a panic in native code) */
   step: string
   graceMs?: number
   /** e.g. `tree_exited:false`, `http 503`, `no response`, `gone` */

@@ -11,6 +11,7 @@ const native = require('./binding.js')
 
 const CLEANUP_BRAND = Symbol.for('createos-execute.CleanupError')
 const API_BRAND = Symbol.for('createos-execute.ApiError')
+const DESTROY_BRAND = Symbol.for('createos-execute.DestroyError')
 const DEFAULT_TIMEOUT_MS = 300_000
 
 class CreateosApiError extends Error {
@@ -50,6 +51,23 @@ Object.defineProperty(CreateosCleanupError.prototype, 'name', {
 })
 Object.defineProperty(CreateosCleanupError.prototype, CLEANUP_BRAND, { value: true })
 
+class CreateosDestroyError extends Error {
+  /**
+   * `destroySandbox` could not confirm the sandbox gone within its deadline: it may still
+   * exist (and run processes). `new CreateosDestroyError(message?, { sandboxId, attempts })`.
+   */
+  constructor(message, options) {
+    super(message, options && 'cause' in options ? { cause: options.cause } : undefined)
+    const o = options || {}
+    this.sandboxId = o.sandboxId
+    this.attempts = Array.isArray(o.attempts) ? o.attempts : []
+  }
+}
+Object.defineProperty(CreateosDestroyError.prototype, 'name', {
+  value: 'CreateosDestroyError', writable: true, configurable: true,
+})
+Object.defineProperty(CreateosDestroyError.prototype, DESTROY_BRAND, { value: true })
+
 /** True for a CreateosCleanupError from this or any other loaded copy of the package. */
 function isCreateosCleanupError(error) {
   return error !== null && typeof error === 'object' && error[CLEANUP_BRAND] === true
@@ -72,6 +90,11 @@ function toError(e) {
       opts.attempts = Array.isArray(err.attempts) ? err.attempts : []
       return new CreateosCleanupError(message, opts)
     }
+    case 'destroy':
+      return new CreateosDestroyError(message, {
+        sandboxId: err.sandboxId,
+        attempts: Array.isArray(err.attempts) ? err.attempts : [],
+      })
     case 'cancelled':
     case 'aborted': {
       // 'aborted' is a TimeoutError abort on an entry point that has no timedOut
@@ -316,9 +339,11 @@ async function waitForRequest(apiUrl, signal) {
   unwrap(outcome)
 }
 
+// Resolves the receipt `{ providerLeaseId, state: 'destroyed' }` once the sandbox is
+// confirmed gone; else rejects with CreateosDestroyError.
 async function destroySandbox(client, sandboxId) {
   const c = nativeClient(client)
-  unwrap(await native.destroySandboxNative(c, sandboxId))
+  return unwrap(await native.destroySandboxNative(c, sandboxId))
 }
 
 function shellQuote(value) {
@@ -334,5 +359,6 @@ module.exports = {
   destroySandbox,
   CreateosCleanupError,
   CreateosApiError,
+  CreateosDestroyError,
   isCreateosCleanupError,
 }

@@ -177,17 +177,19 @@ test('staged files are removed on the failure path too', async () => {
   for (const path of paths) assert.equal(existsSync(path), false, path)
 })
 
-test('destroySandbox deletes the sandbox; 404 is success; other errors are API errors', async () => {
+test('destroySandbox confirms the sandbox gone and returns its receipt; an unconfirmed one is a CreateosDestroyError', async () => {
   const sb = ctx.sandbox()
-  await destroySandbox(ctx.client(), sb)
-  const k = kinds(ctx.requests())
-  assert.deepEqual(k, ['deleteSandbox'])
-  await destroySandbox(ctx.client(), sb) // already gone: 404 → success
+  const receipt = await destroySandbox(ctx.client(), sb)
+  assert.deepEqual(receipt, { providerLeaseId: sb, state: 'destroyed' })
+  assert.deepEqual(kinds(ctx.requests()), ['deleteSandbox', 'getSandbox'])
+  assert.deepEqual(await destroySandbox(ctx.client(), sb), { providerLeaseId: sb, state: 'destroyed' }, 'already gone: 404')
   ctx.emu.addFault({ route: 'deleteSandbox', times: 1, action: { kind: 'status', status: 403 } })
   const sb2 = ctx.sandbox()
   const error = await rejection(destroySandbox(ctx.client(), sb2))
-  assert.ok(error instanceof CreateosApiError)
-  assert.equal(error.status, 403)
-  assert.equal(error.message, 'CreateOS request failed (HTTP 403) during sandbox lifecycle.')
+  assert.ok(error instanceof lib.CreateosDestroyError)
+  assert.equal(error.name, 'CreateosDestroyError')
+  assert.equal(error.message, 'CreateOS sandbox destruction could not be confirmed.')
+  assert.equal(error.sandboxId, sb2)
+  assert.deepEqual(error.attempts.map((a) => [a.step, a.outcome]), [['destroy', 'HTTP 403']])
   await assert.rejects(destroySandbox(ctx.client(), 'bad id'), { code: 'CREATEOS_INVALID_INPUT' })
 })

@@ -71,7 +71,10 @@ async function runInLease(
     return await execute(client, params, signal, (stream, text) => { void onLog(stream, text); });
   } catch (error) {
     if (error instanceof CreateosCleanupError) {
-      await destroySandbox(client, params.lease.providerLeaseId ?? "");
+      const receipt = await destroySandbox(client, params.lease.providerLeaseId ?? "");
+      const state: "destroyed" = receipt.state;
+      const lease: string = receipt.providerLeaseId;
+      void state; void lease;
     }
     throw error;
   }
@@ -85,6 +88,9 @@ async function more(signal: AbortSignal): Promise<void> {
   const exitCode: number | null = r.exitCode;
   const truncated: boolean = r.metadata.outputTruncated;
   const processId: string | null = r.metadata.processId;
+  const s2 = await executeStream(plain, { lease: { providerLeaseId: "sb" }, command: "true" });
+  const none: null = s2.metadata.processId;
+  void none;
   const exit = await followProcess(plain, "sb", "p", signal, (stream, bytes) => {
     const s: "stdout" | "stderr" | "pty" = stream;
     const b: Buffer = bytes;

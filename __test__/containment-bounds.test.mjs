@@ -1,0 +1,129 @@
+// Containment you can bound and trust (issue 11), from JS: injected panics (test-hooks build),
+// a worker terminated mid-command, the env teardown's DELETE, executeStream's honest contract,
+// and the sandbox receipt. Each test asserts on what the caller got, on the emulator's request
+// log and on which processes are alive afterwards.
+import { test } from 'node:test'
+import assert from 'node:assert/strict'
+import { Worker } from 'node:worker_threads'
+import { join } from 'node:path'
+import {
+  lib, useEmulator, kinds, ROOT, rejection, bashParams, markedProcesses, sleep, TERMINATION_UNCONFIRMED,
+} from './helpers.mjs'
+
+const INDEX = join(ROOT, 'index.js')
+let ctx
+useEmulator(import.meta.url, (c) => { ctx = c })
+
+async function nothingAlive(ms = 5000) {
+  const deadline = Date.now() + ms
+  while (ctx.emu.livePids().length && Date.now() < deadline) await sleep(25)
+  return ctx.emu.livePids()
+}
+
+function aliveWithProcessId(processId) {
+  return markedProcesses().filter((p) => p.mark.endsWith(`:${processId}`))
+}
+
+test('a panic while following becomes an error and the process is still ended', async () => {
+  const sb = ctx.sandbox()
+  const error = await rejection(lib.execute(ctx.client({ __panicAt: 'follow' }), bashParams(sb, 'echo up; sleep 30')))
+  assert.equal(error.code, 'CREATEOS_ERROR')
+  assert.equal(error.message, 'createos-execute internal error: a panic in native code.')
+  assert.ok(!lib.isCreateosCleanupError(error), 'the tree was proven gone')
+  const k = kinds(ctx.requests())
+  assert.deepEqual(k.slice(0, 2), ['createProcess', 'connect'])
+  assert.ok(k.includes('deleteProcess'), k.join(' '))
+  assert.deepEqual(await nothingAlive(), [])
+})
+
+test('a panic during the cleanup is a CreateosCleanupError, and the tree it left is really alive', async () => {
+  const sb = ctx.sandbox()
+  const error = await rejection(lib.execute(ctx.client({ __panicAt: 'cleanup' }), bashParams(sb, 'sleep 30'), AbortSignal.timeout(400)))
+  assert.ok(lib.isCreateosCleanupError(error))
+  assert.equal(error.message, TERMINATION_UNCONFIRMED)
+  assert.equal(error.reason, 'termination-unconfirmed')
+  assert.equal(error.sandboxId, sb)
+  assert.deepEqual(error.attempts.map((a) => [a.step, a.outcome]), [['internal', 'panic']])
+  assert.ok(!kinds(ctx.requests()).includes('deleteProcess'))
+  assert.ok(aliveWithProcessId(error.processId).length > 0, 'the error was not false: the command runs')
+  // What a host does: destroy the lease, and get a receipt.
+  assert.deepEqual(await lib.destroySandbox(ctx.client(), sb), { providerLeaseId: sb, state: 'destroyed' })
+  assert.deepEqual(await nothingAlive(), [])
+})
+
+test('__panicAt is checked like every other field', async () => {
+  await assert.rejects(lib.execute(ctx.client({ __panicAt: 'later' }), bashParams(ctx.sandbox(), 'true')), {
+    code: 'CREATEOS_INVALID_INPUT',
+  })
+})
+
+/** Starts a worker running `calls` commands; resolves once each logged `started`. */
+async function workerMidCommand(sb, calls) {
+  const code = `
+    const { parentPort, workerData } = require('node:worker_threads')
+    const lib = require(workerData.index)
+    for (let i = 0; i < workerData.calls; i++) {
+      let told = false
+      lib.execute(workerData.client, { lease: { providerLeaseId: workerData.sb }, command: '/bin/bash',
+        args: ['-c', 'echo started; sleep 30; echo never'] }, undefined, () => {
+        if (!told) { told = true; parentPort.postMessage('started') }
+      }).then(() => parentPort.postMessage('settled'), () => parentPort.postMessage('settled'))
+    }
+  `
+  const worker = new Worker(code, { eval: true, workerData: { index: INDEX, client: ctx.client({ timeoutMs: 60000 }), sb, calls } })
+  let started = 0
+  await new Promise((resolve, reject) => {
+    worker.on('message', (m) => { if (m === 'started' && ++started === calls) resolve() })
+    worker.once('error', reject)
+    worker.once('exit', (c) => reject(new Error(`worker exited early with ${c}`)))
+  })
+  return worker
+}
+
+test('a worker terminated mid-command: its env teardown ends the command (DELETE in the log)', async () => {
+  const sb = ctx.sandbox()
+  const worker = await workerMidCommand(sb, 1)
+  assert.equal(ctx.emu.livePids().length > 0, true, 'the command runs')
+  await worker.terminate()
+  assert.deepEqual(await nothingAlive(), [], 'the command did not outlive its worker')
+  const deletes = ctx.requests().filter((r) => kinds([r])[0] === 'deleteProcess')
+  assert.equal(deletes.length, 1)
+  assert.equal(deletes[0].status, 200)
+  // The main thread's copy of the addon is unaffected.
+  const r = await lib.execute(ctx.client(), bashParams(sb, 'echo main'))
+  assert.equal(r.stdout, 'main\n')
+})
+
+test('a worker terminated with several calls in flight ends every one of them', async () => {
+  const sb = ctx.sandbox()
+  const worker = await workerMidCommand(sb, 3)
+  await worker.terminate()
+  assert.deepEqual(await nothingAlive(), [])
+  const k = kinds(ctx.requests())
+  assert.equal(k.filter((x) => x === 'createProcess').length, 3)
+  assert.equal(k.filter((x) => x === 'deleteProcess').length, 3)
+})
+
+test('executeStream is the path without a containment proof: no process id, never a cleanup error', async () => {
+  const sb = ctx.sandbox()
+  const r = await lib.executeStream(ctx.client(), bashParams(sb, 'echo hi'))
+  assert.equal(r.stdout, 'hi\n')
+  assert.equal(r.metadata.processId, null)
+  assert.equal(r.metadata.treeExited, null)
+  assert.deepEqual(kinds(ctx.requests()), ['execStream'])
+})
+
+test('destroySandbox: DELETE, then the state; an unreadable state is a CreateosDestroyError within the deadline', async () => {
+  const sb = ctx.sandbox()
+  ctx.emu.addFault({ route: 'getSandbox', action: { kind: 'status', status: 503 } })
+  const started = Date.now()
+  const error = await rejection(lib.destroySandbox(ctx.client({ cleanupDeadlineMs: 1500 }), sb))
+  assert.ok(Date.now() - started < 5000)
+  assert.ok(error instanceof lib.CreateosDestroyError)
+  assert.equal(error.sandboxId, sb)
+  assert.equal(error.attempts[0].step, 'destroy')
+  assert.ok(error.attempts.some((a) => a.step === 'state' && a.outcome === 'HTTP 503'))
+  const k = kinds(ctx.requests())
+  assert.equal(k[0], 'deleteSandbox')
+  assert.ok(k.filter((x) => x === 'getSandbox').length >= 2)
+})
