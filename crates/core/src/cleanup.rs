@@ -309,16 +309,16 @@ impl RecoveryFailure {
 }
 
 /// The ids of the processes in one list page whose arguments carry `marker`. An entry that
-/// carries the marker without a valid `process_id` cannot be ended: `Err`, never dropped.
-pub fn ours_in_page(processes: &[Value], marker: &str) -> std::result::Result<Vec<String>, ()> {
+/// carries the marker without a valid `process_id` cannot be ended: `None`, never dropped.
+pub fn ours_in_page(processes: &[Value], marker: &str) -> Option<Vec<String>> {
     let mut ours = Vec::new();
     for p in processes.iter().filter(|p| carries(p, marker)) {
         match p.get("process_id").and_then(Value::as_str) {
             Some(id) if crate::client::is_identifier(id) => ours.push(id.to_owned()),
-            _ => return Err(()),
+            _ => return None,
         }
     }
-    Ok(ours)
+    Some(ours)
 }
 
 /// Reads every page of the process list and returns our processes (see [`ours_in_page`]).
@@ -348,7 +348,7 @@ async fn list_ours(
             steps.push("list", None, "invalid answer");
             return Err(());
         };
-        let Ok(found) = ours_in_page(processes, marker) else {
+        let Some(found) = ours_in_page(processes, marker) else {
             steps.push("list", None, "invalid id");
             return Err(());
         };
@@ -557,13 +557,13 @@ mod tests {
             json!({ "process_id": "bad/id", "args": ["y"] }),
             json!("not even an object"),
         ];
-        assert_eq!(ours_in_page(&page, m), Ok(vec!["p1".to_owned()]));
+        assert_eq!(ours_in_page(&page, m), Some(vec!["p1".to_owned()]));
         for bad in [
             json!({ "process_id": "bad/id", "args": [m] }),
             json!({ "args": [m] }),
             json!({ "process_id": 7, "cmd": m }),
         ] {
-            assert_eq!(ours_in_page(&[page[0].clone(), bad.clone()], m), Err(()), "{bad}");
+            assert_eq!(ours_in_page(&[page[0].clone(), bad.clone()], m), None, "{bad}");
         }
     }
 }
