@@ -25,6 +25,13 @@ export declare class CancelHandle {
  */
 export declare function destroySandboxNative(client: object, sandboxId: string): Promise<any>
 
+/**
+ * Ends this environment's in-flight calls (each is cancelled and runs its cleanup) and waits
+ * for them, at most 3 s. `index.js` calls it from `process.on('exit')`: `process.exit()` does
+ * not run the environment's cleanup hooks.
+ */
+export declare function endInFlightCalls(): void
+
 /** Runs a command through a managed process (see `execute.rs`). */
 export declare function executeNative(client: object, params: object, cancel: CancelHandle, onLog?: ((stream: string, text: string) => void) | undefined | null): Promise<any>
 

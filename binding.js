@@ -837,6 +837,7 @@ module.exports.__napiBindingTarget = __napiStampBindingTarget(nativeBinding, __n
 module.exports = nativeBinding
 module.exports.CancelHandle = nativeBinding.CancelHandle
 module.exports.destroySandboxNative = nativeBinding.destroySandboxNative
+module.exports.endInFlightCalls = nativeBinding.endInFlightCalls
 module.exports.executeNative = nativeBinding.executeNative
 module.exports.executeStreamNative = nativeBinding.executeStreamNative
 module.exports.followProcessNative = nativeBinding.followProcessNative

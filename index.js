@@ -261,6 +261,14 @@ async function withCancel(signal, run) {
   }
 }
 
+// On `process.exit()` (or the end of a worker), calls still in flight are cancelled and
+// their cleanups (the DELETE of each process tree) get up to 3 s before the thread ends: the
+// environment's native cleanup hook covers `worker.terminate()`, this covers `process.exit()`,
+// which does not run those hooks. Nothing waits when no call is in flight.
+process.on('exit', () => {
+  native.endInFlightCalls()
+})
+
 // ---------------------------------------------------------------------------
 // Exports
 

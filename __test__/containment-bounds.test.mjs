@@ -5,6 +5,7 @@
 import { test } from 'node:test'
 import assert from 'node:assert/strict'
 import { Worker } from 'node:worker_threads'
+import { spawn } from 'node:child_process'
 import { join } from 'node:path'
 import {
   lib, useEmulator, kinds, ROOT, rejection, bashParams, markedProcesses, sleep, TERMINATION_UNCONFIRMED,
@@ -102,6 +103,26 @@ test('a worker terminated with several calls in flight ends every one of them', 
   const k = kinds(ctx.requests())
   assert.equal(k.filter((x) => x === 'createProcess').length, 3)
   assert.equal(k.filter((x) => x === 'deleteProcess').length, 3)
+})
+
+test('process.exit() mid-command: the command is ended before the process goes (DELETE in the log)', async () => {
+  const sb = ctx.sandbox()
+  const client = ctx.client({ timeoutMs: 60000 })
+  const script = `
+    const lib = require(${JSON.stringify(INDEX)})
+    let told = false
+    lib.execute(${JSON.stringify(client)}, { lease: { providerLeaseId: ${JSON.stringify(sb)} }, command: '/bin/bash',
+      args: ['-c', 'echo started; sleep 30'] }, undefined, () => {
+      if (!told) { told = true; setTimeout(() => process.exit(0), 20) }
+    })
+  `
+  const child = spawn(process.execPath, ['-e', script], { stdio: 'ignore' })
+  const code = await new Promise((resolve) => child.on('exit', resolve))
+  assert.equal(code, 0)
+  const deletes = ctx.requests().filter((r) => kinds([r])[0] === 'deleteProcess')
+  assert.equal(deletes.length, 1, 'the DELETE was sent before the process exited')
+  assert.equal(deletes[0].status, 200)
+  assert.deepEqual(await nothingAlive(), [])
 })
 
 test('executeStream is the path without a containment proof: no process id, never a cleanup error', async () => {

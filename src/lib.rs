@@ -124,6 +124,13 @@ fn register(env: &Env, abort: Option<Abort>, gone: Abort) -> Registered {
 /// The environment is going away: cancel its calls (each runs its cleanup) and wait, at most
 /// [`TEARDOWN_WAIT`], until they have finished.
 fn teardown(key: usize) {
+    end_calls(key);
+    registry().0.lock().unwrap_or_else(PoisonError::into_inner).remove(&key);
+}
+
+/// Cancels the in-flight calls of environment `key` and waits, at most [`TEARDOWN_WAIT`], until
+/// they have finished.
+fn end_calls(key: usize) {
     let (lock, ended) = registry();
     let mut g = lock.lock().unwrap_or_else(PoisonError::into_inner);
     if let Some(e) = g.get(&key) {
@@ -142,7 +149,14 @@ fn teardown(key: usize) {
         }
         g = ended.wait_timeout(g, left).unwrap_or_else(PoisonError::into_inner).0;
     }
-    g.remove(&key);
+}
+
+/// Ends this environment's in-flight calls (each is cancelled and runs its cleanup) and waits
+/// for them, at most 3 s. `index.js` calls it from `process.on('exit')`: `process.exit()` does
+/// not run the environment's cleanup hooks.
+#[napi]
+pub fn end_in_flight_calls(env: &Env) {
+    end_calls(env.raw() as usize);
 }
 
 /// The one place a Rust error becomes data for JS.
