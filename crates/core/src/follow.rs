@@ -157,12 +157,18 @@ pub async fn follow(
             Attempt::Broken => true,
             Attempt::NotOpened => false,
         };
-        if let Some(res) = waited {
-            let (done, newest) = res?;
-            if newest < cursor {
-                return Err(Error::Protocol(JOURNAL_INVALID));
+        match waited {
+            Some(Ok((done, newest))) => {
+                if newest < cursor {
+                    return Err(Error::Protocol(JOURNAL_INVALID));
+                }
+                recovered = Some((done, newest));
             }
-            recovered = Some((done, newest));
+            // The streams deliver again: a recovery that gave up (e.g. its long-polls ran out on
+            // a long command) is not needed; a new one starts if the budget is spent again.
+            Some(Err(_)) if cursor > before => {}
+            Some(Err(e)) => return Err(e),
+            None => {}
         }
         if let Some((done, newest)) = &recovered {
             if cursor == *newest {
