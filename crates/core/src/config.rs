@@ -10,7 +10,6 @@ use crate::cleanup::CleanupPolicy;
 use crate::client::{self, Client, NetOptions};
 use crate::error::{Error, Result};
 use crate::follow::FollowOptions;
-use crate::net;
 use crate::hooks::Phase;
 use crate::pacer::{redis_store, PacingConfig, PacingMode, StoreChoice};
 use crate::script;

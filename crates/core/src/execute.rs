@@ -16,8 +16,8 @@
 //! deadline) and staged files are removed. An abort is acted on at once: a timeout resolves a
 //! `timedOut` result with the output so far, any other abort is a cancellation.
 
-use std::time::Duration;
 use std::panic::AssertUnwindSafe;
+use std::time::Duration;
 
 use bytes::Bytes;
 use futures_util::{FutureExt, StreamExt};
