@@ -11,6 +11,7 @@ use crate::client::{self, Client, NetOptions};
 use crate::error::{Error, Result};
 use crate::follow::FollowOptions;
 use crate::hooks::Phase;
+use crate::net;
 use crate::pacer::{redis_store, PacingConfig, PacingMode, StoreChoice};
 use crate::script;
 
