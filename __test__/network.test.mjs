@@ -162,7 +162,9 @@ test('NODE_USE_ENV_PROXY=1: HTTPS goes through the proxy as CONNECT, and the key
     assert.ok(sent.length > 0)
     assert.ok(!sent.includes(ctx.apiKey), 'the key crossed the proxy in clear text')
     assert.ok(!sent.includes('/v1/sandboxes'), 'a request line crossed the proxy in clear text')
-    assert.deepEqual(kinds(ctx.requests()), ['createProcess', 'connect', 'putFile'])
+    // Through a proxy the stream's tunnel can be slower than the gate's: the gate may then open
+    // on its fallback before the connect arrives (output is replayed from after=0), so either order.
+    assert.deepEqual(inAnyOrderAfterCreate(kinds(ctx.requests())), ['createProcess', 'connect', 'putFile'])
 
     // Without NODE_USE_ENV_PROXY the same environment is ignored: createos.test does not
     // resolve, so the call fails to connect, and the proxy sees nothing more.
@@ -178,6 +180,11 @@ test('NODE_USE_ENV_PROXY=1: HTTPS goes through the proxy as CONNECT, and the key
   }
 })
 
+/** The request kinds with everything after the first (the create) sorted. */
+function inAnyOrderAfterCreate(k) {
+  return [k[0], ...k.slice(1).sort()]
+}
+
 test('config.proxy is explicit: CONNECT with its credentials, no environment needed; bad proxies are input errors', async () => {
   const ctx = await emulator({ tls: true })
   const proxy = await connectProxy()
@@ -191,7 +198,9 @@ test('config.proxy is explicit: CONNECT with its credentials, no environment nee
     assert.ok(proxy.seen.connects.length >= 1)
     assert.equal(proxy.seen.auth[0], `Basic ${Buffer.from('proxyuser:proxy-secret').toString('base64')}`)
     assert.ok(!proxy.sentText().includes(ctx.apiKey))
-    assert.deepEqual(kinds(ctx.requests()), ['createProcess', 'connect', 'putFile'])
+    // Through a proxy the stream's tunnel can be slower than the gate's: the gate may then open
+    // on its fallback before the connect arrives (output is replayed from after=0), so either order.
+    assert.deepEqual(inAnyOrderAfterCreate(kinds(ctx.requests())), ['createProcess', 'connect', 'putFile'])
 
     ctx.reset()
     for (const [config, message] of [
