@@ -28,3 +28,10 @@ async function emulator(): Promise<void> {
   void ca; void conns; void version; void conn; void pkgCa; void pkgConns; void pkgVersion; void pkgConn;
 }
 void emulator;
+
+// The hand-written types and the generated ones agree field for field: a field added, removed,
+// renamed or retyped on either side stops this compiling.
+type Equal<A, B> = (<T>() => T extends A ? 1 : 2) extends <T>() => T extends B ? 1 : 2 ? true : false;
+const requestShape: Equal<native.EmulatorRequest, pkgTypes.EmulatorRequest> = true;
+const outputShape: Equal<native.ProcessOutput, NonNullable<ReturnType<pkgTypes.Emulator["processOutput"]>>> = true;
+void requestShape; void outputShape;

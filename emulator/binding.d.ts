@@ -19,7 +19,7 @@ export declare class Emulator {
   /** The emulator's own throwaway key. */
   get apiKey(): string
   /** Every request so far, in arrival order. */
-  requests(): Array<{ method: string; path: string; query: string; route: string; status: number; atMs: number; durationMs: number; httpVersion: string; connection: number }>
+  requests(): Array<EmulatorRequest>
   clearRequests(): void
   /** Adds a fault rule (`{ route?, method?, skip?, times?, action: { kind, ... } }`). */
   addFault(rule: object): void
@@ -34,6 +34,28 @@ export declare class Emulator {
   close(): Promise<void>
 }
 
+/** One HTTP request as the emulator saw it. */
+export interface EmulatorRequest {
+  method: string
+  /** Path only, without the query. */
+  path: string
+  /** Raw query string without `?` (empty when none). */
+  query: string
+  /** Route name, e.g. `createProcess`, `connect`, `deleteProcess`. */
+  route: string
+  /** Status sent; 0 when the connection was dropped without a response. */
+  status: number
+  /** Arrival time, ms since the emulator started. */
+  atMs: number
+  /** Time until the response head was produced (streams: not their whole duration). */
+  durationMs: number
+  /** `"HTTP/1.1"` or `"HTTP/2.0"`. */
+  httpVersion: string
+  /** The TCP connection it came on: 1 for the first accepted, then 2, ... */
+  connection: number
+}
+
+/** Every byte a process wrote (recorded apart from the journal). */
 export interface ProcessOutput {
   stdout: Buffer
   stderr: Buffer

@@ -46,7 +46,7 @@ export interface EmulatorRequest {
   method: string
   path: string
   query: string
-  /** Route pattern, e.g. `DELETE /v1/sandboxes/:id/processes/:pid`. */
+  /** Route name, e.g. `createProcess`, `connect`, `deleteProcess` (see README, "Faults"). */
   route: string
   status: number
   atMs: number

@@ -11,6 +11,46 @@ pub struct Emulator {
     inner: emulator::Emulator,
 }
 
+/// One HTTP request as the emulator saw it.
+#[napi(object)]
+pub struct EmulatorRequest {
+    pub method: String,
+    /// Path only, without the query.
+    pub path: String,
+    /// Raw query string without `?` (empty when none).
+    pub query: String,
+    /// Route name, e.g. `createProcess`, `connect`, `deleteProcess`.
+    pub route: String,
+    /// Status sent; 0 when the connection was dropped without a response.
+    pub status: u32,
+    /// Arrival time, ms since the emulator started.
+    pub at_ms: f64,
+    /// Time until the response head was produced (streams: not their whole duration).
+    pub duration_ms: f64,
+    /// `"HTTP/1.1"` or `"HTTP/2.0"`.
+    pub http_version: String,
+    /// The TCP connection it came on: 1 for the first accepted, then 2, ...
+    pub connection: f64,
+}
+
+impl From<emulator::RequestRecord> for EmulatorRequest {
+    fn from(r: emulator::RequestRecord) -> Self {
+        EmulatorRequest {
+            method: r.method,
+            path: r.path,
+            query: r.query,
+            route: r.route.to_owned(),
+            status: u32::from(r.status),
+            at_ms: r.at_ms,
+            duration_ms: r.duration_ms,
+            http_version: r.http_version.to_owned(),
+            #[allow(clippy::cast_precision_loss)] // connection counts stay far below 2^53
+            connection: r.connection as f64,
+        }
+    }
+}
+
+/// Every byte a process wrote (recorded apart from the journal).
 #[napi(object)]
 pub struct ProcessOutput {
     pub stdout: Buffer,
@@ -60,11 +100,9 @@ impl Emulator {
     }
 
     /// Every request so far, in arrival order.
-    #[napi(
-        ts_return_type = "Array<{ method: string; path: string; query: string; route: string; status: number; atMs: number; durationMs: number; httpVersion: string; connection: number }>"
-    )]
-    pub fn requests(&self) -> Result<Value> {
-        serde_json::to_value(self.inner.requests()).map_err(|e| Error::from_reason(e.to_string()))
+    #[napi]
+    pub fn requests(&self) -> Vec<EmulatorRequest> {
+        self.inner.requests().into_iter().map(EmulatorRequest::from).collect()
     }
 
     #[napi]
