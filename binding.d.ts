@@ -23,7 +23,7 @@ export declare class CancelHandle {
  * Destroys a sandbox and confirms it gone; resolves the receipt
  * `{ providerLeaseId, state: 'destroyed' }`.
  */
-export declare function destroySandboxNative(client: object, sandboxId: string): Promise<any>
+export declare function destroySandboxNative(client: object, sandboxId: string, onDiag?: ((channel: string, event: object) => void) | undefined | null): Promise<any>
 
 /**
  * Ends this environment's in-flight calls (each is cancelled and runs its cleanup) and waits
@@ -33,16 +33,16 @@ export declare function destroySandboxNative(client: object, sandboxId: string):
 export declare function endInFlightCalls(): void
 
 /** Runs a command through a managed process (see `execute.rs`). */
-export declare function executeNative(client: object, params: object, cancel: CancelHandle, onLog?: ((stream: string, text: string) => void) | undefined | null): Promise<any>
+export declare function executeNative(client: object, params: object, cancel: CancelHandle, onLog?: ((stream: string, text: string) => void) | undefined | null, onDiag?: ((channel: string, event: object) => void) | undefined | null): Promise<any>
 
 /** Runs a command through `/exec?stream=true`. */
-export declare function executeStreamNative(client: object, params: object, cancel: CancelHandle, onLog?: ((stream: string, text: string) => void) | undefined | null): Promise<any>
+export declare function executeStreamNative(client: object, params: object, cancel: CancelHandle, onLog?: ((stream: string, text: string) => void) | undefined | null, onDiag?: ((channel: string, event: object) => void) | undefined | null): Promise<any>
 
 /**
  * Follows a process the host created; `onEvent('connected')` on every attach,
  * `onEvent(stream, bytes)` for output.
  */
-export declare function followProcessNative(client: object, sandboxId: string, processId: string, cancel: CancelHandle, onEvent: (kind: string, data?: Buffer | null) => void): Promise<any>
+export declare function followProcessNative(client: object, sandboxId: string, processId: string, cancel: CancelHandle, onEvent: (kind: string, data?: Buffer | null) => void, onDiag?: ((channel: string, event: object) => void) | undefined | null): Promise<any>
 
 /** Quotes a value as one bash word; throws on NUL. */
 export declare function shellQuote(value: string): string

@@ -103,6 +103,15 @@ export interface ExecuteParams {
   cwd?: string
   env?: Record<string, string>
   stdin?: string | null
+  /**
+   * Ignored: the plugin SDK's per-command timeout. The caller turns it into the
+   * `signal` (`AbortSignal.timeout(params.timeoutMs)`), which gives `timedOut: true`.
+   */
+  timeoutMs?: number
+  /** Ignored: this package opens no persistent session, every command runs one-shot. */
+  bypassSession?: boolean
+  /** Ignored (the SDK's driver params: `driverKey`, `companyId`, `environmentId`, `config` likewise). */
+  issueId?: string | null
 }
 
 // A type alias (not an interface) so it is assignable to the host's `Record<string, unknown>`.
@@ -174,6 +183,18 @@ export declare function followProcess(
   onConnected?: () => void,
 ): Promise<ProcessExit>
 
+/** One NDJSON frame of a CreateOS process stream (`type`, `seq`, `stream`, `data_base64`, …). */
+export type ProcessFrame = Record<string, unknown>
+
+/**
+ * The NDJSON frames of a fetch `Response` body (e.g. a process `connect` stream), one JSON
+ * object each. Blank lines are skipped. Rejects with `CreateOS process frame is too large.`
+ * for a line over 1 MiB, `CreateOS returned an invalid process frame.` for bad JSON or a
+ * non-object, `CreateOS returned an empty process stream.` for a body without frames.
+ * Stopping early (break/return) cancels the body's reader.
+ */
+export declare function processEvents(response: Response): AsyncGenerator<ProcessFrame, void, undefined>
+
 /** Single-quotes a value for bash. Throws on NUL. */
 export declare function shellQuote(value: string): string
 
@@ -237,6 +258,28 @@ export declare class CreateosCleanupError extends Error {
     cause?: unknown
   })
 }
+
+/**
+ * A message on the `createos-execute:request` diagnostics channel: one per HTTP attempt.
+ * Fixed words and numbers only (no URL, id, key, body or output).
+ */
+export interface RequestDiagnosticsMessage {
+  /** The fixed operation label, e.g. `process creation`, `output connection`, `process cleanup`. */
+  operation: string
+  method: 'GET' | 'POST' | 'PUT' | 'DELETE' | 'HEAD' | 'PATCH' | 'OTHER'
+  /** The HTTP status; `null` when no answer arrived. */
+  status: number | null
+  outcome: 'ok' | 'http error' | 'no response' | 'redirect refused' | 'untrusted certificate' | 'aborted' | 'failed'
+  /** 1 for the first try, 2 for the first retry, … */
+  attempt: number
+  /** From handing the request over to the answer's head (or the failure), in ms. */
+  durationMs: number
+  /** Time spent waiting for the origin's request budget (429 pauses included), in ms. */
+  pacingWaitMs: number
+}
+
+/** A message on the `createos-execute:cleanup` diagnostics channel: one per cleanup step. */
+export type CleanupDiagnosticsMessage = CleanupAttempt
 
 /** True for a `CreateosCleanupError` from this or any other loaded copy of the package. */
 export declare function isCreateosCleanupError(error: unknown): error is CreateosCleanupError

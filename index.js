@@ -7,7 +7,42 @@
 //   - guards the caller's callbacks (a throwing `log` is reported, never fatal),
 //   - turns a native outcome into the resolved value or the right Error class.
 
-const native = require('./binding.js')
+const diagnostics = require('node:diagnostics_channel')
+
+// The platform's napi triple as the platform packages are named (createos-execute-<tag>).
+function platformTag() {
+  const { platform, arch } = process
+  if (platform === 'linux') {
+    let glibc = true
+    try {
+      glibc = Boolean(process.report.getReport().header.glibcVersionRuntime)
+    } catch {
+      // Assume glibc when the report is unavailable.
+    }
+    return `linux-${arch}-${glibc ? 'gnu' : 'musl'}`
+  }
+  if (platform === 'win32') return `win32-${arch}-msvc`
+  return `${platform}-${arch}`
+}
+
+// The generated loader's error lists every path it tried; this one says what to do.
+function loadNative() {
+  try {
+    return require('./binding.js')
+  } catch (cause) {
+    const tag = platformTag()
+    const error = new Error(
+      `createos-execute: no native binary for ${tag} (Node.js ${process.version}). ` +
+      `Install the platform package createos-execute-${tag} at the version of createos-execute ` +
+      '(npm installs it as an optional dependency: do not install with --omit=optional or --no-optional), ' +
+      'or build the addon from source with `npm run build`.',
+      { cause },
+    )
+    error.code = 'CREATEOS_NATIVE_MISSING'
+    throw error
+  }
+}
+const native = loadNative()
 
 const CLEANUP_BRAND = Symbol.for('createos-execute.CleanupError')
 const API_BRAND = Symbol.for('createos-execute.ApiError')
@@ -135,10 +170,73 @@ function unwrap(outcome) {
 // ---------------------------------------------------------------------------
 // Client
 
+// The `client.config` fields this package reads. Nothing else of the host's config
+// object is touched (hosts put methods, getters and class instances there). Add a
+// field here when the native config learns it.
+const CONFIG_FIELDS = Object.freeze([
+  'apiUrl',
+  'apiKey',
+  'timeoutMs',
+  'pacing',
+  'cleanupGraceMs',
+  'confirmPollMs',
+  'cleanupDeadlineMs',
+  'legacyCleanup',
+  'leftoverProcesses',
+  'streamIdleTimeoutMs',
+  'proxy',
+  'caCertPem',
+])
+const MAX_CONFIG_DEPTH = 4
+
+// Reads `object[key]`; a throwing getter counts as a value that is not JSON.
+function readField(object, key) {
+  try {
+    return { value: object[key] }
+  } catch {
+    return { value: undefined, threw: true }
+  }
+}
+
+// A known field's value as JSON the native config parses. A value JSON cannot hold
+// (a function, symbol, bigint, a getter that throws, too deep) becomes the string
+// '[invalid]', which the native check of that field rejects with its own message;
+// inside an object, only own enumerable string keys are read.
+const NOT_JSON = '[invalid]'
+function jsonValue(value, depth) {
+  switch (typeof value) {
+    case 'string':
+    case 'boolean':
+      return value
+    case 'number':
+      return Number.isFinite(value) ? value : NOT_JSON
+    case 'object': {
+      if (value === null) return null
+      if (depth >= MAX_CONFIG_DEPTH) return NOT_JSON
+      let keys
+      try {
+        if (Array.isArray(value)) return Array.from(value, (v) => jsonValue(v, depth + 1))
+        keys = Object.keys(value)
+      } catch {
+        return NOT_JSON
+      }
+      const out = {}
+      for (const key of keys) {
+        const field = readField(value, key)
+        if (field.value !== undefined || field.threw) out[key] = field.threw ? NOT_JSON : jsonValue(field.value, depth + 1)
+      }
+      return out
+    }
+    default:
+      return NOT_JSON
+  }
+}
+
 // Which key: the client's own, else `config.apiKey`, else CREATEOS_API_KEY. An
 // empty result is passed on and rejected by the native client before any request.
 function resolveApiKey(client, config) {
-  for (const candidate of [client.apiKey, config.apiKey, process.env.CREATEOS_API_KEY]) {
+  const candidates = [readField(client, 'apiKey').value, readField(config, 'apiKey').value, process.env.CREATEOS_API_KEY]
+  for (const candidate of candidates) {
     if (typeof candidate === 'string' && candidate.trim() !== '') return candidate.trim()
   }
   return ''
@@ -149,19 +247,20 @@ function nativeClient(client) {
   if (client === null || typeof client !== 'object') {
     throw new TypeError('A CreateOS client with a config object is required.')
   }
-  const config = client.config
+  const config = readField(client, 'config').value
   if (config === null || typeof config !== 'object') {
     throw new TypeError('A CreateOS client with a config object is required.')
   }
-  if (typeof config.apiUrl !== 'string') throw new TypeError('CreateOS requires an API URL.')
   const out = {}
-  for (const key of Object.keys(config)) {
-    if (config[key] !== undefined) out[key] = config[key]
+  for (const key of CONFIG_FIELDS) {
+    const field = readField(config, key)
+    if (field.threw) out[key] = NOT_JSON
+    else if (field.value !== undefined) out[key] = jsonValue(field.value, 1)
   }
-  out.apiUrl = config.apiUrl
+  if (typeof out.apiUrl !== 'string' || out.apiUrl === NOT_JSON) throw new TypeError('CreateOS requires an API URL.')
   out.apiKey = resolveApiKey(client, config)
-  out.timeoutMs = config.timeoutMs ?? DEFAULT_TIMEOUT_MS
-  delete out.pacingStoreDefault
+  out.timeoutMs = out.timeoutMs ?? DEFAULT_TIMEOUT_MS
+  // pacingStoreDefault is not a config field (not in CONFIG_FIELDS): only the environment sets it.
   withStoreDefault(out)
   return out
 }
@@ -270,20 +369,45 @@ process.on('exit', () => {
 })
 
 // ---------------------------------------------------------------------------
+// diagnostics_channel: `createos-execute:request` (one message per HTTP attempt) and
+// `createos-execute:cleanup` (one per cleanup step). Fixed words and numbers only.
+
+const channels = {
+  request: diagnostics.channel('createos-execute:request'),
+  cleanup: diagnostics.channel('createos-execute:cleanup'),
+}
+
+// Checked once per call: with no subscriber, native gets no callback and builds no events.
+function diagnosticsCallback() {
+  if (!channels.request.hasSubscribers && !channels.cleanup.hasSubscribers) return undefined
+  return (name, event) => {
+    const channel = channels[name]
+    if (channel === undefined || !channel.hasSubscribers) return
+    try {
+      channel.publish(event)
+    } catch {
+      // A throwing subscriber is the subscriber's problem (node reports it); the call goes on.
+    }
+  }
+}
+
+// ---------------------------------------------------------------------------
 // Exports
 
 async function execute(client, params, signal, log) {
   const c = nativeClient(client)
   const p = nativeParams(params)
   const onLog = guardLog(log)
-  return unwrap(await withCancel(signal, (handle) => native.executeNative(c, p, handle, onLog)))
+  const onDiag = diagnosticsCallback()
+  return unwrap(await withCancel(signal, (handle) => native.executeNative(c, p, handle, onLog, onDiag)))
 }
 
 async function executeStream(client, params, signal, log) {
   const c = nativeClient(client)
   const p = nativeParams(params)
   const onLog = guardLog(log)
-  return unwrap(await withCancel(signal, (handle) => native.executeStreamNative(c, p, handle, onLog)))
+  const onDiag = diagnosticsCallback()
+  return unwrap(await withCancel(signal, (handle) => native.executeStreamNative(c, p, handle, onLog, onDiag)))
 }
 
 async function followProcess(client, sandboxId, processId, signal, onData, onConnected) {
@@ -317,7 +441,7 @@ async function followProcess(client, sandboxId, processId, signal, onData, onCon
         fail(error)
       }
     }
-    return native.followProcessNative(c, sandboxId, processId, handle, onEvent)
+    return native.followProcessNative(c, sandboxId, processId, handle, onEvent, diagnosticsCallback())
   })
   if (failed) {
     emitWarnings(outcome)
@@ -351,7 +475,87 @@ async function waitForRequest(apiUrl, signal) {
 // confirmed gone; else rejects with CreateosDestroyError.
 async function destroySandbox(client, sandboxId) {
   const c = nativeClient(client)
-  return unwrap(await native.destroySandboxNative(c, sandboxId))
+  return unwrap(await native.destroySandboxNative(c, sandboxId, diagnosticsCallback()))
+}
+
+// ---------------------------------------------------------------------------
+// processEvents: the NDJSON frames of a fetch Response body (the TypeScript module's export)
+
+const MAX_FRAME_BYTES = 1024 * 1024
+const FRAME_TOO_LARGE = 'CreateOS process frame is too large.'
+const INVALID_FRAME = 'CreateOS returned an invalid process frame.'
+const EMPTY_STREAM = 'CreateOS returned an empty process stream.'
+
+function parseFrame(bytes, decoder) {
+  const line = decoder.decode(bytes)
+  if (line.trim() === '') return undefined
+  let frame
+  try {
+    frame = JSON.parse(line)
+  } catch {
+    throw new Error(INVALID_FRAME)
+  }
+  if (frame === null || typeof frame !== 'object' || Array.isArray(frame)) throw new Error(INVALID_FRAME)
+  return frame
+}
+
+/**
+ * Yields each NDJSON frame (a JSON object) of `response.body`. Blank lines are skipped; a
+ * line over 1 MiB, bad JSON or a non-object, and a body without any frame are errors. The
+ * body's reader is cancelled when the consumer stops early (break, return, throw).
+ */
+async function* processEvents(response) {
+  const body = response !== null && typeof response === 'object' ? response.body : undefined
+  if (body === null || body === undefined || typeof body.getReader !== 'function') throw new Error(EMPTY_STREAM)
+  const reader = body.getReader()
+  const decoder = new TextDecoder()
+  let pending = [] // bytes of the line being read, as chunks
+  let pendingBytes = 0
+  let frames = 0
+  let finished = false
+  try {
+    for (;;) {
+      const { done, value } = await reader.read()
+      if (done) break
+      const chunk = value instanceof Uint8Array ? value : new Uint8Array(value)
+      let start = 0
+      for (let nl = chunk.indexOf(10, start); nl !== -1; nl = chunk.indexOf(10, start)) {
+        if (pendingBytes + (nl - start) > MAX_FRAME_BYTES) throw new Error(FRAME_TOO_LARGE)
+        let line = chunk.subarray(start, nl)
+        if (pendingBytes > 0) {
+          pending.push(line)
+          line = Buffer.concat(pending, pendingBytes + line.length)
+          pending = []
+          pendingBytes = 0
+        }
+        start = nl + 1
+        const frame = parseFrame(line, decoder)
+        if (frame !== undefined) {
+          frames++
+          yield frame
+        }
+      }
+      if (start < chunk.length) {
+        pendingBytes += chunk.length - start
+        if (pendingBytes > MAX_FRAME_BYTES) throw new Error(FRAME_TOO_LARGE)
+        // Copied: the reader may reuse its buffer.
+        pending.push(Uint8Array.prototype.slice.call(chunk, start))
+      }
+    }
+    finished = true
+    if (pendingBytes > 0) {
+      const frame = parseFrame(Buffer.concat(pending, pendingBytes), decoder)
+      pending = []
+      if (frame !== undefined) {
+        frames++
+        yield frame
+      }
+    }
+    if (frames === 0) throw new Error(EMPTY_STREAM)
+  } finally {
+    if (!finished) await reader.cancel().catch(() => {})
+    reader.releaseLock()
+  }
 }
 
 function shellQuote(value) {
@@ -363,6 +567,7 @@ module.exports = {
   executeStream,
   followProcess,
   shellQuote,
+  processEvents,
   waitForRequest,
   destroySandbox,
   CreateosCleanupError,

@@ -10,37 +10,22 @@ import {
   isCreateosCleanupError,
   CreateosApiError,
   type ExecuteResult,
+  type CreateosClientLike,
+  type RequestDiagnosticsMessage,
+  type CleanupDiagnosticsMessage,
+  processEvents,
 } from "createos-execute";
+import diagnostics from "node:diagnostics_channel";
 import { startEmulator } from "createos-execute-emulator";
 
-// --- the host's shapes (as the plugin SDK and the plugin declare them) -------
-interface PluginEnvironmentLease {
-  providerLeaseId: string | null;
-  metadata?: Record<string, unknown>;
-  expiresAt?: string | null;
-}
-interface PluginEnvironmentExecuteParams {
-  driverKey: string;
-  companyId: string;
-  environmentId: string;
-  config: Record<string, unknown>;
-  lease: PluginEnvironmentLease;
-  executionId: string;
-  command: string;
-  args?: string[];
-  cwd?: string;
-  env?: Record<string, string>;
-  stdin?: string;
-  timeoutMs?: number;
-}
-interface PluginEnvironmentExecuteResult {
-  exitCode: number | null;
-  signal?: string | null;
-  timedOut: boolean;
-  stdout: string;
-  stderr: string;
-  metadata?: Record<string, unknown>;
-}
+// --- the host's shapes: the plugin SDK's own types (pinned devDependency) ----
+import type {
+  PluginDefinition,
+  PluginEnvironmentExecuteParams,
+  PluginEnvironmentExecuteResult,
+  PluginEnvironmentTerminationReceipt,
+} from "@paperclipai/plugin-sdk" with { "resolution-mode": "import" };
+
 interface CreateosConfig {
   apiUrl: string;
   apiKey: string | null;
@@ -52,6 +37,9 @@ interface CreateosConfig {
   timeoutMs: number;
   reuseLease: boolean;
   autoPauseAfterSeconds: number;
+}
+function configFrom(raw: Record<string, unknown>): CreateosConfig {
+  return raw as unknown as CreateosConfig;
 }
 class CreateosClient {
   readonly apiKey: string;
@@ -78,6 +66,52 @@ async function runInLease(
     }
     throw error;
   }
+}
+
+// The plugin's `onEnvironmentExecute` handler, typed by the SDK's own
+// PluginDefinition: the host's params object goes to `execute` unchanged (its
+// extra fields — driverKey, companyId, issueId, timeoutMs, bypassSession, … —
+// are accepted and ignored); the handler makes the signal from `timeoutMs`.
+const handlers: Pick<PluginDefinition, "onEnvironmentExecute" | "onEnvironmentDestroyLease"> = {
+  async onEnvironmentExecute(params: PluginEnvironmentExecuteParams): Promise<PluginEnvironmentExecuteResult> {
+    const client = new CreateosClient(configFrom(params.config));
+    const signal = AbortSignal.timeout(params.timeoutMs ?? client.config.timeoutMs);
+    const result = await execute(client, params, signal);
+    const sdkResult: PluginEnvironmentExecuteResult = result;
+    return sdkResult;
+  },
+  async onEnvironmentDestroyLease(params): Promise<PluginEnvironmentTerminationReceipt | void> {
+    if (params.providerLeaseId === null) return;
+    await destroySandbox(new CreateosClient(configFrom(params.config)), params.providerLeaseId);
+    return { providerLeaseId: params.providerLeaseId, state: "destroyed" };
+  },
+};
+
+// The SDK's params with every optional field set, as a literal.
+const fullParams: PluginEnvironmentExecuteParams = {
+  driverKey: "createos",
+  companyId: "c",
+  environmentId: "e",
+  issueId: null,
+  config: {},
+  lease: { providerLeaseId: "sb", metadata: {}, expiresAt: null },
+  command: "echo",
+  args: ["hi"],
+  cwd: "/workspace",
+  env: { A: "1" },
+  stdin: "input",
+  timeoutMs: 1000,
+  bypassSession: true,
+};
+function sdkParams(plain: CreateosClientLike) {
+  void execute(plain, fullParams);
+  // The fields the SDK adds are accepted in a literal passed directly, too.
+  void execute(plain, { lease: { providerLeaseId: "sb" }, command: "x", timeoutMs: 5, bypassSession: false, issueId: "i" });
+}
+// The plugin's file-sync call shape.
+function syncCall(plain: CreateosClientLike, syncParams: PluginEnvironmentExecuteParams, signal: AbortSignal, script: string, cwd: string) {
+  return execute(plain, { ...syncParams, command: "/bin/bash", args: ["-c", script], cwd },
+    AbortSignal.any([signal, AbortSignal.timeout(1000)]));
 }
 
 const quoted: string = shellQuote("it's");
@@ -130,7 +164,27 @@ void execute(plain, { lease: { providerLeaseId: "sb" } });
 // @ts-expect-error: env values are strings
 void execute(plain, { lease: { providerLeaseId: "sb" }, command: "x", env: { A: 1 } });
 
-void runInLease; void quoted; void more; void classify;
+diagnostics.subscribe("createos-execute:request", (m) => {
+  const r = m as RequestDiagnosticsMessage;
+  const n: number | null = r.status;
+  void n;
+});
+diagnostics.subscribe("createos-execute:cleanup", (m) => {
+  const c = m as CleanupDiagnosticsMessage;
+  const at: number = c.atMs;
+  void at;
+});
+async function frames(response: Response): Promise<number> {
+  let n = 0;
+  for await (const frame of processEvents(response)) {
+    const t: unknown = frame.type;
+    void t;
+    n++;
+  }
+  return n;
+}
+void frames;
+void runInLease; void handlers; void syncCall; void sdkParams; void quoted; void more; void classify;
 new CreateosApiError(503, "process cleanup");
 new CreateosCleanupError("x", { reason: "termination-unconfirmed", attempts: [] });
 

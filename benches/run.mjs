@@ -3,7 +3,7 @@
 // local emulator. Prints the machine, a table (median of N runs with min/max)
 // and writes bench-results/latest.json.
 //
-//   node benches/run.mjs [--quick] [--runs N] [--sections 1,2,3,4,5,6,7,8]
+//   node benches/run.mjs [--quick] [--runs N] [--sections 1,2,3,4,5,6,7,8,9]
 //                        [--emulator child|inproc|both] [--baseline build|auto|skip]
 //                        [--out FILE]
 //
@@ -25,6 +25,9 @@
 // §8 (shared pacing) starts a redis-server of its own (skipped when none is installed) and
 // runs 1/2/4 host processes (__test__/pacing-child.mjs) at one budget, shared store vs per
 // process; then the cost of one decision (waitForRequest) with and without the store.
+// §9 (binary output) runs `cat` of ASCII, multi-byte UTF-8 and random files (64 MiB; --quick:
+// 8 MiB) with and without `log`, random with `log` from a paced producer against the default
+// 1 MiB journal, and the decoder alone (examples/decode_speed.rs, when built).
 //
 // Nothing here asserts timings: the machine may be noisy. Targets are printed beside
 // the numbers for the reader.
@@ -68,7 +71,7 @@ function parseArgs(argv) {
       case '--baseline': o.baseline = val(); break
       case '--out': o.out = val(); break
       case '-h': case '--help':
-        process.stdout.write('usage: node benches/run.mjs [--quick] [--runs N] [--sections 1,2,3,4,5,6,7,8] [--emulator child|inproc|both] [--baseline build|auto|skip] [--out FILE]\n')
+        process.stdout.write('usage: node benches/run.mjs [--quick] [--runs N] [--sections 1,2,3,4,5,6,7,8,9] [--emulator child|inproc|both] [--baseline build|auto|skip] [--out FILE]\n')
         process.exit(0)
         break
       default: throw new Error(`unknown argument ${a}`)
@@ -81,13 +84,14 @@ function parseArgs(argv) {
   return {
     ...o,
     runs: o.runs ?? (q ? 3 : 5),
-    sections: o.sections ?? new Set(['1', '2', '3', '4', '5', '6', '7', '8']),
+    sections: o.sections ?? new Set(['1', '2', '3', '4', '5', '6', '7', '8', '9']),
     emulator: o.emulator ?? (q ? 'child' : 'both'),
     baseline: o.baseline ?? (q ? 'auto' : 'build'),
     out: o.out ?? join(ROOT, 'bench-results', q ? 'quick.json' : 'latest.json'),
     sizesMiB: q ? [8] : [256, 1024],
     smallFrame: { mib: q ? 1 : 16, frameBytes: 1024 },
     memoryMiB: q ? 32 : 1024,
+    binaryMiB: q ? 8 : 64,
     concurrency: q ? 5 : 20,
     holdMs: q ? 1000 : 2000,
     wan: {
@@ -688,6 +692,125 @@ async function wan(opts) {
 }
 
 // ---------------------------------------------------------------------------
+// §9 binary output: `cat` of ASCII, multi-byte UTF-8 and random bytes through the real
+// emulator (its default 1 MiB journal: falling behind fails the command), with and without
+// a `log` callback; and the decoder alone (examples/decode_speed.rs), when built.
+
+async function binaryOutput(opts) {
+  const bytes = opts.binaryMiB * MiB
+  // `cat` of a file outruns any reader; a journal that holds the whole output measures the
+  // client's speed, not the race. The default journal is used by the paced rows below.
+  const emu = await startEmu('child', { journalBytes: bytes + MiB })
+  emulators.push(emu)
+  const sb = await emu.createSandbox()
+  const client = clientFor(emu, 'off')
+  const kinds = {
+    ASCII: `yes abcdefghijklmnopqrstuvwxyz0123456789 | head -c ${bytes}`,
+    'multi-byte UTF-8': `yes 'é€😀ü中文' | head -c ${bytes}`,
+    random: `head -c ${bytes} /dev/urandom`,
+  }
+  for (const [kind, make] of Object.entries(kinds)) {
+    const r = await lib.execute(client, cmd(sb, '/bin/bash', ['-c', `${make} > /tmp/bench-${kind.replace(/\W/g, '')}`]))
+    if (r.exitCode !== 0) note(`§9 could not write the ${kind} file: ${r.stderr.slice(0, 200)}`)
+  }
+  const out = {}
+  const mbps = (ms) => bytes / 1e6 / (ms / 1000)
+  const cases = [['ASCII', false], ['multi-byte UTF-8', false], ['random', false], ['ASCII', true], ['random', true]]
+  for (const [kind, withLog] of cases) {
+    const label = `cat ${opts.binaryMiB} MiB ${kind}${withLog ? ', with log' : ''}`
+    log(`§9 ${label}`)
+    const speeds = []
+    const calls = []
+    for (let i = 0; i < opts.runs + 1; i++) {
+      let n = 0
+      const onLog = withLog ? () => { n++ } : undefined
+      const t = now()
+      let r
+      try {
+        r = await lib.execute(client, cmd(sb, 'cat', [`/tmp/bench-${kind.replace(/\W/g, '')}`]), undefined, onLog)
+      } catch (e) {
+        note(`§9 ${label}: ${e.message}`)
+        continue
+      }
+      const ms = now() - t
+      if (r.exitCode !== 0) note(`§9 ${label}: exitCode ${r.exitCode}`)
+      if (i === 0) continue // warm-up
+      speeds.push(mbps(ms))
+      calls.push(n)
+    }
+    const s = stats(speeds)
+    out[label] = { MBps: s, logCalls: withLog ? stats(calls) : undefined }
+    row('9', `execute, ${label}`, s, 'MB/s', withLog ? `${fmt(stats(calls).median, 0)} log calls` : '')
+  }
+  const med = (label) => out[label] && out[label].MBps.median
+  const ratio = (a, b, metric, target) => {
+    const x = med(a) / med(b)
+    rows.push({ section: '9', metric, median: x, unit: '×', note: target, digits: 2 })
+    out[metric] = x
+  }
+  const m = opts.binaryMiB
+  ratio(`cat ${m} MiB ASCII`, `cat ${m} MiB random`, 'ASCII ÷ random speed (medians)', 'target ≤ 2')
+  ratio(`cat ${m} MiB random`, `cat ${m} MiB random, with log`, 'random without log ÷ with log (medians)', 'target ≤ 1.5')
+  out.paced = await pacedRandom(opts)
+  out.decoder = decoderSpeed(opts)
+  return out
+}
+
+/**
+ * Random bytes with `log` against the emulator's default 1 MiB journal, written by a producer
+ * paced at `PACED_MBPS` (a command that prints binary output fast; `cat` of a file outruns any
+ * reader and overflows any bounded journal): the client must keep up (no "output was evicted").
+ */
+const PACED_MBPS = 25
+async function pacedRandom(opts) {
+  const emu = await emulator('child')
+  const sb = await emu.createSandbox()
+  const client = clientFor(emu, 'off')
+  const rate = PACED_MBPS
+  const chunks = opts.binaryMiB
+  // One MiB per step, then a pause so the average is `rate` MB/s.
+  const pauseS = (MiB / 1e6 / rate).toFixed(3)
+  const script = `head -c ${MiB} /dev/urandom > /tmp/chunk; for i in $(seq ${chunks}); do cat /tmp/chunk; sleep ${pauseS}; done`
+  let ok = 0
+  const calls = []
+  for (let i = 0; i < opts.runs; i++) {
+    let n = 0
+    try {
+      const r = await lib.execute(client, cmd(sb, '/bin/bash', ['-c', script]), undefined, () => { n++ })
+      if (r.exitCode === 0) ok++
+      calls.push(n)
+    } catch (e) {
+      note(`§9 paced random with log: ${e.message}`)
+    }
+  }
+  rows.push({ section: '9', metric: `random with log, ${chunks} MiB produced at ${rate} MB/s, default 1 MiB journal`, median: ok, unit: `of ${opts.runs} ok`, note: `${fmt(stats(calls).median, 0)} log calls; target: all ok`, digits: 0 })
+  return { rate, ok, runs: opts.runs, logCalls: stats(calls) }
+}
+
+/** The decoder alone, in Rust (no HTTP, no JS), when examples/decode_speed is built. */
+function decoderSpeed(opts) {
+  const bin = join(ROOT, 'target', 'release', 'examples', 'decode_speed')
+  if (opts.baseline === 'build') {
+    try {
+      execFileSync('cargo', ['build', '--release', '-p', 'createos_execute_core', '--example', 'decode_speed'], {
+        cwd: ROOT, stdio: ['ignore', 'ignore', 'pipe'],
+      })
+    } catch (e) {
+      note(`§9 decode_speed did not build: ${String(e.stderr || e.message).trim().split('\n').pop()}`)
+    }
+  }
+  if (!existsSync(bin)) {
+    rows.push({ section: '9', metric: 'decoder alone', unit: '', note: 'not built (cargo build --release -p createos_execute_core --example decode_speed)' })
+    return null
+  }
+  const res = JSON.parse(execFileSync(bin, [String(opts.quick ? 16 : 64), String(opts.runs)]).toString().trim().split('\n').pop())
+  for (const [kind, speeds] of Object.entries(res)) {
+    row('9', `decoder alone (64 KiB reads), ${kind}`, stats(speeds), 'MB/s', kind.includes('reference') ? '' : 'Output::write')
+  }
+  return res
+}
+
+// ---------------------------------------------------------------------------
 // Main
 
 function machine() {
@@ -850,6 +973,7 @@ async function main() {
     if (opts.sections.has('6')) results.quietWaiting = await quietWaiting(opts)
     if (opts.sections.has('7')) results.wan = await wan(opts)
     if (opts.sections.has('8')) results.sharedPacing = await sharedPacing(opts)
+    if (opts.sections.has('9')) results.binaryOutput = await binaryOutput(opts)
   } finally {
     survivors = await closeAll()
   }

@@ -20,20 +20,30 @@ use napi::bindgen_prelude::*;
 use napi::threadsafe_function::ThreadsafeFunction;
 use napi_derive::napi;
 use serde_json::{json, Value};
-use tokio::sync::mpsc;
+use tokio::sync::{mpsc, oneshot};
 
 use createos_execute_core::abort::Abort;
 use createos_execute_core::config::{self, Config};
 use createos_execute_core::error::Error;
+use createos_execute_core::events::{Event, EventSink};
 use createos_execute_core::execute::{self, ExecuteResult, FollowEvent};
 use createos_execute_core::output::LogLine;
 use createos_execute_core::script;
 
 /// `log(stream, text)`: weak (does not keep Node alive), errors handled by the caller's wrapper.
-type LogFn = ThreadsafeFunction<FnArgs<(String, String)>, (), FnArgs<(String, String)>, Status, false, true>;
+/// The text goes as UTF-16 when it is not ASCII: converted here, on a worker thread, so the JS
+/// thread only copies it (V8's own UTF-8 decoding of non-ASCII text is the slow part of `log`).
+type LogText = Either<String, Utf16String>;
+type LogFn = ThreadsafeFunction<FnArgs<(String, LogText)>, (), FnArgs<(String, LogText)>, Status, false, true>;
 /// `onEvent(kind, data)`: kind is `connected`, `stdout`, `stderr` or `pty`.
 type EventFn =
     ThreadsafeFunction<FnArgs<(String, Option<Buffer>)>, (), FnArgs<(String, Option<Buffer>)>, Status, false, true>;
+
+/// `onDiag(channel, event)`: channel is `request` or `cleanup` (index.js publishes on
+/// `createos-execute:<channel>`). Passed only while someone subscribes.
+type DiagFn = ThreadsafeFunction<FnArgs<(String, Value)>, (), FnArgs<(String, Value)>, Status, false, true>;
+/// Events waiting for the JS thread; more are dropped (observability never slows a command).
+const EVENT_QUEUE: usize = 1024;
 
 /// How many decoded chunks may wait for the JS thread before the reader slows down.
 const LOG_QUEUE: usize = 64;
@@ -262,6 +272,11 @@ async fn forward_logs(mut rx: mpsc::Receiver<LogLine>, log: LogFn, gone: Abort) 
                 Err(_) => break,
             }
         }
+        let text: LogText = if text.is_ascii() {
+            Either::A(text)
+        } else {
+            Either::B(Utf16String::from(text.encode_utf16().collect::<Vec<u16>>()))
+        };
         tokio::select! {
             _ = log.call_async_catch(FnArgs::from((stream.as_str().to_owned(), text))) => {}
             () = gone.aborted() => break,
@@ -271,6 +286,69 @@ async fn forward_logs(mut rx: mpsc::Receiver<LogLine>, log: LogFn, gone: Abort) 
         }
     }
     while rx.recv().await.is_some() {}
+}
+
+/// An event as JS sees it: fixed words and numbers only.
+fn event_json(ev: Event<'_>) -> (String, Value) {
+    match ev {
+        Event::Request(r) => (
+            "request".to_owned(),
+            json!({
+                "operation": r.operation,
+                "method": r.method,
+                "status": r.status,
+                "outcome": r.outcome,
+                "attempt": r.attempt,
+                "durationMs": r.duration_ms,
+                "pacingWaitMs": r.pacing_wait_ms,
+            }),
+        ),
+        Event::Cleanup(a) => (
+            "cleanup".to_owned(),
+            json!({ "step": a.step, "graceMs": a.grace_ms, "outcome": a.outcome, "atMs": a.at_ms }),
+        ),
+    }
+}
+
+/// Delivers events to `onDiag` in order; after `finish`, what is queued, then ends.
+struct EventForwarder {
+    done: oneshot::Sender<()>,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl EventForwarder {
+    /// Every event of the call is delivered before its promise settles.
+    async fn finish(self) {
+        let _ = self.done.send(());
+        let _ = self.task.await;
+    }
+}
+
+fn event_sink(on_diag: Option<DiagFn>) -> (Option<EventSink>, Option<EventForwarder>) {
+    let Some(f) = on_diag else { return (None, None) };
+    let (tx, mut rx) = mpsc::channel::<(String, Value)>(EVENT_QUEUE);
+    let (done, mut done_rx) = oneshot::channel::<()>();
+    let task = tokio::spawn(async move {
+        loop {
+            tokio::select! {
+                biased;
+                ev = rx.recv() => match ev {
+                    Some(ev) => { let _ = f.call_async_catch(FnArgs::from(ev)).await; }
+                    None => break,
+                },
+                _ = &mut done_rx => {
+                    while let Ok(ev) = rx.try_recv() {
+                        let _ = f.call_async_catch(FnArgs::from(ev)).await;
+                    }
+                    break;
+                }
+            }
+        }
+    });
+    let sink: EventSink = std::sync::Arc::new(move |ev| {
+        let _ = tx.try_send(event_json(ev));
+    });
+    (Some(sink), Some(EventForwarder { done, task }))
 }
 
 type Runner =
@@ -287,15 +365,18 @@ fn run_command<'env>(
     params: Value,
     cancel: &CancelHandle,
     on_log: Option<LogFn>,
+    on_diag: Option<DiagFn>,
     runner: Runner,
 ) -> Result<PromiseRaw<'env, Value>> {
     let abort = cancel.abort.clone();
     spawn(env, Some(abort.clone()), |gone| async move {
         let parsed = config::parse_config(&client).and_then(|c| Ok((c, config::parse_params(&params)?)));
-        let (cfg, params) = match parsed {
+        let (mut cfg, params) = match parsed {
             Ok(p) => p,
             Err(e) => return outcome(Err(e)),
         };
+        let (sink, events) = event_sink(on_diag);
+        cfg.events = sink;
         let (tx, forwarder) = match on_log {
             Some(log) => {
                 let (tx, rx) = mpsc::channel(LOG_QUEUE);
@@ -308,13 +389,16 @@ fn run_command<'env>(
         if let Some(f) = forwarder {
             let _ = f.await;
         }
+        if let Some(e) = events {
+            e.finish().await;
+        }
         outcome(result.map(result_json))
     })
 }
 
 /// Runs a command through a managed process (see `execute.rs`).
 #[napi(
-    ts_args_type = "client: object, params: object, cancel: CancelHandle, onLog?: ((stream: string, text: string) => void) | undefined | null"
+    ts_args_type = "client: object, params: object, cancel: CancelHandle, onLog?: ((stream: string, text: string) => void) | undefined | null, onDiag?: ((channel: string, event: object) => void) | undefined | null"
 )]
 pub fn execute_native<'env>(
     env: &'env Env,
@@ -322,15 +406,16 @@ pub fn execute_native<'env>(
     params: Value,
     cancel: &CancelHandle,
     on_log: Option<LogFn>,
+    on_diag: Option<DiagFn>,
 ) -> Result<PromiseRaw<'env, Value>> {
-    run_command(env, client, params, cancel, on_log, |c, p, a, l| {
+    run_command(env, client, params, cancel, on_log, on_diag, |c, p, a, l| {
         Box::pin(async move { execute::execute(&c, &p, a, l).await })
     })
 }
 
 /// Runs a command through `/exec?stream=true`.
 #[napi(
-    ts_args_type = "client: object, params: object, cancel: CancelHandle, onLog?: ((stream: string, text: string) => void) | undefined | null"
+    ts_args_type = "client: object, params: object, cancel: CancelHandle, onLog?: ((stream: string, text: string) => void) | undefined | null, onDiag?: ((channel: string, event: object) => void) | undefined | null"
 )]
 pub fn execute_stream_native<'env>(
     env: &'env Env,
@@ -338,8 +423,9 @@ pub fn execute_stream_native<'env>(
     params: Value,
     cancel: &CancelHandle,
     on_log: Option<LogFn>,
+    on_diag: Option<DiagFn>,
 ) -> Result<PromiseRaw<'env, Value>> {
-    run_command(env, client, params, cancel, on_log, |c, p, a, l| {
+    run_command(env, client, params, cancel, on_log, on_diag, |c, p, a, l| {
         Box::pin(async move { execute::execute_stream(&c, &p, a, l).await })
     })
 }
@@ -347,7 +433,7 @@ pub fn execute_stream_native<'env>(
 /// Follows a process the host created; `onEvent('connected')` on every attach,
 /// `onEvent(stream, bytes)` for output.
 #[napi(
-    ts_args_type = "client: object, sandboxId: string, processId: string, cancel: CancelHandle, onEvent: (kind: string, data?: Buffer | null) => void"
+    ts_args_type = "client: object, sandboxId: string, processId: string, cancel: CancelHandle, onEvent: (kind: string, data?: Buffer | null) => void, onDiag?: ((channel: string, event: object) => void) | undefined | null"
 )]
 pub fn follow_process_native<'env>(
     env: &'env Env,
@@ -356,15 +442,18 @@ pub fn follow_process_native<'env>(
     process_id: Value,
     cancel: &CancelHandle,
     on_event: EventFn,
+    on_diag: Option<DiagFn>,
 ) -> Result<PromiseRaw<'env, Value>> {
     let abort = cancel.abort.clone();
     spawn(env, Some(abort.clone()), |gone| async move {
         let parsed = config::parse_config(&client)
             .and_then(|c| Ok((c, config::sandbox_id(Some(&sandbox_id))?, config::process_id(Some(&process_id))?)));
-        let (cfg, sb, pid) = match parsed {
+        let (mut cfg, sb, pid) = match parsed {
             Ok(p) => p,
             Err(e) => return outcome(Err(e)),
         };
+        let (sink, events) = event_sink(on_diag);
+        cfg.events = sink;
         let (tx, mut rx) = mpsc::channel::<FollowEvent>(LOG_QUEUE);
         let forwarder = tokio::spawn(async move {
             while let Some(ev) = rx.recv().await {
@@ -383,6 +472,9 @@ pub fn follow_process_native<'env>(
         });
         let result = execute::follow_process(&cfg, &sb, &pid, abort, tx).await;
         let _ = forwarder.await;
+        if let Some(e) = events {
+            e.finish().await;
+        }
         outcome(result.map(|exit| json!({ "exitCode": exit.exit_code, "signal": exit.signal })))
     })
 }
@@ -406,20 +498,29 @@ pub fn wait_for_request_native<'env>(
 
 /// Destroys a sandbox and confirms it gone; resolves the receipt
 /// `{ providerLeaseId, state: 'destroyed' }`.
-#[napi(ts_args_type = "client: object, sandboxId: string")]
+#[napi(
+    ts_args_type = "client: object, sandboxId: string, onDiag?: ((channel: string, event: object) => void) | undefined | null"
+)]
 pub fn destroy_sandbox_native<'env>(
     env: &'env Env,
     client: Value,
     sandbox_id: Value,
+    on_diag: Option<DiagFn>,
 ) -> Result<PromiseRaw<'env, Value>> {
     spawn(env, None, |_| async move {
+        let (sink, events) = event_sink(on_diag);
         let r = async {
-            let cfg = config::parse_config(&client)?;
+            let mut cfg = config::parse_config(&client)?;
+            cfg.events = sink;
             let sb = config::sandbox_id(Some(&sandbox_id))?;
             execute::destroy_sandbox(&cfg, &sb).await?;
             Ok(json!({ "providerLeaseId": sb, "state": "destroyed" }))
-        };
-        outcome(r.await)
+        }
+        .await;
+        if let Some(e) = events {
+            e.finish().await;
+        }
+        outcome(r)
     })
 }
 

@@ -35,6 +35,7 @@ use tokio::time::Instant;
 use crate::abort::Ctx;
 use crate::client::{Client, Retry};
 use crate::error::{Attempt, CleanupReason, CleanupReport, DestroyReport, Error, Operation, Result};
+use crate::events::{Event, EventSink};
 use crate::hooks::{self, Phase};
 
 /// The default cleanup deadline when `timeoutMs` is longer: a host learns the verdict within
@@ -90,16 +91,28 @@ pub fn backoff(round: u32) -> Duration {
 pub struct Steps {
     started: Instant,
     pub attempts: Vec<Attempt>,
+    events: Option<EventSink>,
 }
 
 impl Steps {
     pub fn new() -> Self {
-        Steps { started: Instant::now(), attempts: Vec::new() }
+        Steps { started: Instant::now(), attempts: Vec::new(), events: None }
+    }
+
+    /// Reports each following step to the client's event sink too.
+    fn observe(&mut self, client: &Client) {
+        if self.events.is_none() {
+            self.events = client.events().cloned();
+        }
     }
 
     pub(crate) fn push(&mut self, step: &'static str, grace_ms: Option<u64>, outcome: impl Into<String>) {
         let at_ms = self.started.elapsed().as_secs_f64() * 1000.0;
-        self.attempts.push(Attempt { step, grace_ms, outcome: outcome.into(), at_ms: (at_ms * 10.0).round() / 10.0 });
+        let attempt = Attempt { step, grace_ms, outcome: outcome.into(), at_ms: (at_ms * 10.0).round() / 10.0 };
+        if let Some(sink) = &self.events {
+            sink(Event::Cleanup(&attempt));
+        }
+        self.attempts.push(attempt);
     }
 
     pub fn report(self, reason: CleanupReason, sandbox_id: &str, process_id: Option<&str>) -> Error {
@@ -148,6 +161,7 @@ pub async fn terminate(
     steps: &mut Steps,
     seen_alive: bool,
 ) -> std::result::Result<(), ()> {
+    steps.observe(client);
     let run = terminate_unguarded(client, sandbox_id, process_id, policy, ctx, &mut *steps, seen_alive);
     match AssertUnwindSafe(run).catch_unwind().await {
         Ok(r) => r,
@@ -398,6 +412,7 @@ pub async fn recover_creation(
     ctx: &Ctx,
     steps: &mut Steps,
 ) -> std::result::Result<bool, RecoveryFailure> {
+    steps.observe(client);
     let listed = AssertUnwindSafe(list_ours(client, sandbox_id, marker, ctx, &mut *steps)).catch_unwind().await;
     let ours = match listed {
         Ok(Ok(ours)) => ours,

@@ -25,6 +25,7 @@ use tokio::time::Instant;
 
 use crate::abort::Ctx;
 use crate::error::{Error, Operation, Result};
+use crate::events::{self, Event, EventSink, RequestEvent};
 use crate::net;
 use crate::pacer::{self, Pacer, PacingConfig};
 
@@ -98,6 +99,7 @@ pub struct Client {
     key: SecretString,
     pacer: Arc<Pacer>,
     request_timeout: Duration,
+    events: Option<EventSink>,
 }
 
 impl Client {
@@ -120,7 +122,52 @@ impl Client {
             base: format!("{origin}/v1"),
             key: SecretString::from(api_key.to_owned()),
             request_timeout,
+            events: None,
         })
+    }
+
+    /// The client with an event sink (see `events.rs`); `None` = no events.
+    #[must_use]
+    pub fn with_events(mut self, events: Option<EventSink>) -> Self {
+        self.events = events;
+        self
+    }
+
+    pub fn events(&self) -> Option<&EventSink> {
+        self.events.as_ref()
+    }
+
+    /// Reports one attempt to the sink, when there is one: `answer` is the status that came
+    /// back or the error; `timing` is (when pacing began, when the request was handed over).
+    fn observe(
+        &self,
+        op: Operation,
+        method: &Method,
+        attempt: u32,
+        timing: (Option<Instant>, Instant),
+        answer: std::result::Result<u16, &Error>,
+    ) {
+        let Some(sink) = &self.events else { return };
+        let (paced, sent) = timing;
+        let (status, outcome) = match answer {
+            Ok(status) => (Some(status), "ok"),
+            Err(Error::Api { status, .. }) => (Some(*status), "http error"),
+            Err(Error::Connection { .. }) => (None, "no response"),
+            Err(Error::Redirect { .. }) => (None, "redirect refused"),
+            Err(Error::UntrustedCertificate { .. }) => (None, "untrusted certificate"),
+            Err(Error::Cancelled | Error::TimedOut) => (None, "aborted"),
+            Err(_) => (None, "failed"),
+        };
+        let event = RequestEvent {
+            operation: op.label(),
+            method: method_label(method),
+            status,
+            outcome,
+            attempt,
+            duration_ms: events::millis(sent.elapsed()),
+            pacing_wait_ms: paced.map_or(0.0, |p| events::millis(sent.saturating_duration_since(p))),
+        };
+        sink(Event::Request(&event));
     }
 
     pub fn pacer(&self) -> &Arc<Pacer> {
@@ -194,6 +241,7 @@ impl Client {
         let body = Body::Json(body);
         let mut attempt = 0;
         loop {
+            let paced = self.events.as_ref().map(|_| Instant::now());
             if let Err(e) = self.pacer.acquire(ctx).await {
                 return (Err(e), false);
             }
@@ -207,6 +255,7 @@ impl Client {
                     }
                     Err(e) => Err(e),
                 };
+            self.observe(op, &Method::POST, attempt + 1, (paced, started), result.as_ref().map(|_| 201));
             let maybe_created = match &result {
                 Ok(_) => return (result, true),
                 Err(Error::Api { status, .. }) => *status >= 500,
@@ -258,10 +307,13 @@ impl Client {
         let mut attempt = 0;
         let mut maybe_applied = false;
         loop {
+            let paced = self.events.as_ref().map(|_| Instant::now());
             if let Err(e) = self.pacer.acquire(ctx).await {
                 return (Err(e), maybe_applied);
             }
+            let sent = Instant::now();
             let result = self.transmit(op, &method, path, &body, ctx, timeout).await;
+            self.observe(op, &method, attempt + 1, (paced, sent), result.as_ref().map(|r| r.status().as_u16()));
             let err = match result {
                 Ok(r) => return (Ok(r), true),
                 Err(e) => e,
@@ -358,6 +410,18 @@ fn send_error(e: &reqwest::Error, op: Operation) -> Error {
         return Error::UntrustedCertificate { op };
     }
     Error::Connection { op, maybe_sent: !e.is_connect() }
+}
+
+fn method_label(method: &Method) -> &'static str {
+    match *method {
+        Method::GET => "GET",
+        Method::POST => "POST",
+        Method::PUT => "PUT",
+        Method::DELETE => "DELETE",
+        Method::HEAD => "HEAD",
+        Method::PATCH => "PATCH",
+        _ => "OTHER",
+    }
 }
 
 fn retryable(err: &Error, method: &Method, retry: Retry) -> bool {

@@ -9,6 +9,7 @@ use serde_json::{Map, Value};
 use crate::cleanup::CleanupPolicy;
 use crate::client::{self, Client, NetOptions};
 use crate::error::{Error, Result};
+use crate::events::EventSink;
 use crate::follow::FollowOptions;
 use crate::hooks::Phase;
 use crate::net;
@@ -56,11 +57,14 @@ pub struct Config {
     pub net: NetOptions,
     /// Test hook (`test-hooks` feature only): panic at this phase.
     pub panic_at: Option<Phase>,
+    /// Hears every request attempt and cleanup step (set by the caller, never parsed).
+    pub events: Option<EventSink>,
 }
 
 impl Config {
     pub fn client(&self) -> Result<Client> {
         Client::new(&self.api_url, &self.api_key, self.timeout, &self.pacing, &self.net)
+            .map(|c| c.with_events(self.events.clone()))
     }
 }
 
@@ -202,6 +206,7 @@ pub fn parse_config(v: &Value) -> Result<Config> {
         leftover,
         follow,
         panic_at,
+        events: None,
     })
 }
 

@@ -11,6 +11,7 @@ pub mod cleanup;
 pub mod client;
 pub mod config;
 pub mod error;
+pub mod events;
 pub mod execute;
 pub mod follow;
 pub mod hooks;

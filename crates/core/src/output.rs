@@ -22,22 +22,25 @@ pub fn utf16_len(s: &str) -> usize {
     if s.is_ascii() {
         return s.len();
     }
-    let b = s.as_bytes();
-    let continuation = b.iter().filter(|&&x| (x & 0xC0) == 0x80).count();
-    let four_byte = b.iter().filter(|&&x| x >= 0xF0).count();
-    b.len() - continuation + four_byte
+    // One unit per lead byte, one more per 4-byte lead; one branch-free pass.
+    s.as_bytes().iter().map(|&x| usize::from((x & 0xC0) != 0x80) + usize::from(x >= 0xF0)).sum()
 }
 
 /// Decodes a byte stream as UTF-8 like Node's `StringDecoder`: a sequence split across
-/// chunks is joined, invalid bytes become U+FFFD (one per maximal invalid subpart).
+/// chunks is joined, invalid bytes become U+FFFD (one per maximal invalid subpart, exactly
+/// what `String::from_utf8_lossy` of the whole stream gives).
+///
+/// Valid input is checked with SIMD (`simdutf8`) and copied once; invalid input is
+/// replaced in the same single pass over the bytes, into one string per call.
 #[derive(Default)]
 pub struct Utf8Decoder {
     pending: Vec<u8>,
 }
 
 impl Utf8Decoder {
-    /// Decodes `bytes`, calling `emit` with each run of text (in order).
-    pub fn write(&mut self, mut bytes: &[u8], emit: &mut impl FnMut(&str)) {
+    /// Decodes `bytes`, appending the text to `out`. A sequence cut off at the end is kept
+    /// for the next call.
+    pub fn decode(&mut self, mut bytes: &[u8], out: &mut String) {
         // Finish a sequence left over from the previous chunk with as few bytes as it needs.
         while !self.pending.is_empty() && !bytes.is_empty() {
             let expected = sequence_len(self.pending[0]);
@@ -45,48 +48,91 @@ impl Utf8Decoder {
             let mut head = std::mem::take(&mut self.pending);
             head.extend_from_slice(&bytes[..take]);
             bytes = &bytes[take..];
-            self.decode(&head, emit);
+            self.decode_whole(&head, out);
         }
         if !bytes.is_empty() {
-            self.decode(bytes, emit);
+            self.decode_whole(bytes, out);
         }
     }
 
-    fn decode(&mut self, bytes: &[u8], emit: &mut impl FnMut(&str)) {
-        if let Ok(s) = std::str::from_utf8(bytes) {
-            if !s.is_empty() {
-                emit(s);
-            }
-            return;
+    /// Decodes `bytes`, calling `emit` once with the text (when there is any).
+    pub fn write(&mut self, bytes: &[u8], emit: &mut impl FnMut(&str)) {
+        let mut out = String::new();
+        self.decode(bytes, &mut out);
+        if !out.is_empty() {
+            emit(&out);
         }
+    }
+
+    fn decode_whole(&mut self, bytes: &[u8], out: &mut String) {
+        // A read usually ends inside a multi-byte sequence: check the whole sequences with
+        // SIMD and leave only the cut-off end (at most 3 bytes) to the lossy pass.
+        let cut = whole_sequences_end(bytes);
+        let rest = match simdutf8::basic::from_utf8(&bytes[..cut]) {
+            Ok(s) => {
+                out.push_str(s);
+                &bytes[cut..]
+            }
+            Err(_) => bytes,
+        };
+        if !rest.is_empty() {
+            self.lossy(rest, out);
+        }
+    }
+
+    /// `String::from_utf8_lossy` into `out` in one pass (no string per invalid sequence),
+    /// except that a valid but incomplete sequence at the very end is kept as pending.
+    fn lossy(&mut self, bytes: &[u8], out: &mut String) {
+        // U+FFFD is 3 bytes: random bytes grow to about twice their length.
+        out.reserve(bytes.len() + bytes.len() / 2);
         let mut chunks = bytes.utf8_chunks().peekable();
         while let Some(chunk) = chunks.next() {
-            if !chunk.valid().is_empty() {
-                emit(chunk.valid());
-            }
+            out.push_str(chunk.valid());
             let invalid = chunk.invalid();
             if invalid.is_empty() {
                 continue;
             }
-            let last = chunks.peek().is_none();
-            if last && is_incomplete_prefix(invalid) {
+            if chunks.peek().is_none() && is_incomplete_prefix(invalid) {
                 self.pending.extend_from_slice(invalid);
             } else {
-                emit("\u{FFFD}");
+                out.push('\u{FFFD}');
             }
         }
     }
 
     /// Ends the stream: an incomplete trailing sequence becomes U+FFFD.
-    pub fn finish(&mut self, emit: &mut impl FnMut(&str)) {
+    pub fn finish_into(&mut self, out: &mut String) {
         if !self.pending.is_empty() {
             self.pending.clear();
-            emit("\u{FFFD}");
+            out.push('\u{FFFD}');
+        }
+    }
+
+    /// Ends the stream: an incomplete trailing sequence becomes U+FFFD.
+    pub fn finish(&mut self, emit: &mut impl FnMut(&str)) {
+        let mut out = String::new();
+        self.finish_into(&mut out);
+        if !out.is_empty() {
+            emit(&out);
         }
     }
 }
 
-/// True when `b` is the start of a valid UTF-8 sequence that only lacks bytes.
+/// Where the last sequence that `bytes` cuts off starts (`bytes.len()` when none is cut).
+fn whole_sequences_end(bytes: &[u8]) -> usize {
+    let n = bytes.len();
+    for back in 1..=3.min(n) {
+        let b = bytes[n - back];
+        if b & 0xC0 != 0x80 {
+            // The last byte that is not a continuation byte: a lead whose sequence is longer
+            // than what follows it is cut off.
+            return if sequence_len(b) > back { n - back } else { n };
+        }
+    }
+    n
+}
+
+/// How many bytes a sequence starting with `lead` has (1 for a byte that starts none).
 fn sequence_len(lead: u8) -> usize {
     match lead {
         0xC2..=0xDF => 2,
@@ -96,6 +142,7 @@ fn sequence_len(lead: u8) -> usize {
     }
 }
 
+/// True when `b` is the start of a valid UTF-8 sequence that only lacks bytes.
 fn is_incomplete_prefix(b: &[u8]) -> bool {
     let Some(&lead) = b.first() else { return false };
     let len = sequence_len(lead);
@@ -137,20 +184,43 @@ impl Tail {
     }
 
     pub fn push(&mut self, s: &str) {
-        if s.is_empty() {
-            return;
+        if !self.merge(s) {
+            self.add_piece(s.to_owned());
         }
-        let n = utf16_len(s);
+    }
+
+    /// Same as [`Tail::push`], keeping `s` itself as a piece when it starts one.
+    pub fn push_owned(&mut self, s: String) {
+        if !self.merge(&s) {
+            self.add_piece(s);
+        }
+    }
+
+    /// Appends `s` to the last piece when it fits (an empty `s` always "fits").
+    fn merge(&mut self, s: &str) -> bool {
+        if s.is_empty() {
+            return true;
+        }
         match (self.pieces.back_mut(), self.units.back_mut()) {
             (Some(last), Some(u)) if last.len() + s.len() <= PIECE_BYTES => {
+                let n = utf16_len(s);
                 last.push_str(s);
                 *u += n;
+                self.grew(n);
+                true
             }
-            _ => {
-                self.pieces.push_back(s.to_owned());
-                self.units.push_back(n);
-            }
+            _ => false,
         }
+    }
+
+    fn add_piece(&mut self, s: String) {
+        let n = utf16_len(&s);
+        self.pieces.push_back(s);
+        self.units.push_back(n);
+        self.grew(n);
+    }
+
+    fn grew(&mut self, n: usize) {
         self.total += n;
         if self.total > self.cap {
             self.truncated = true;
@@ -206,7 +276,6 @@ pub struct Output {
     stdout: Capture,
     stderr: Capture,
     sink: Option<mpsc::Sender<LogLine>>,
-    scratch: Vec<(StreamKind, String)>,
 }
 
 /// What a finished capture holds.
@@ -224,7 +293,7 @@ impl Output {
 
     pub fn with_cap(cap: usize, sink: Option<mpsc::Sender<LogLine>>) -> Self {
         let capture = || Capture { decoder: Utf8Decoder::default(), tail: Tail::new(cap) };
-        Output { stdout: capture(), stderr: capture(), sink, scratch: Vec::new() }
+        Output { stdout: capture(), stderr: capture(), sink }
     }
 
     fn capture(&mut self, stream: StreamKind) -> &mut Capture {
@@ -235,55 +304,41 @@ impl Output {
     }
 
     /// Decodes and records `bytes` of `stream`; waits while the log sink is full.
+    /// The log gets one string per call, whatever the bytes.
     pub async fn write(&mut self, stream: StreamKind, bytes: &[u8]) -> Result<()> {
-        let logging = self.sink.is_some();
-        let mut texts = std::mem::take(&mut self.scratch);
-        {
-            let cap = self.capture(stream);
-            let Capture { decoder, tail } = cap;
-            decoder.write(bytes, &mut |s: &str| {
-                tail.push(s);
-                if logging {
-                    texts.push((stream, s.to_owned()));
-                }
-            });
-        }
-        self.send(&mut texts).await;
-        self.scratch = texts;
+        let mut text = String::new();
+        self.capture(stream).decoder.decode(bytes, &mut text);
+        self.record(stream, text).await;
         Ok(())
     }
 
-    async fn send(&mut self, texts: &mut Vec<LogLine>) {
-        let Some(sink) = &self.sink else {
-            texts.clear();
+    async fn record(&mut self, stream: StreamKind, text: String) {
+        if text.is_empty() {
             return;
-        };
-        let mut closed = false;
-        for line in texts.drain(..) {
-            // A closed consumer (the host stopped listening) stops logging, not capturing.
-            if !closed && sink.send(line).await.is_err() {
-                closed = true;
-            }
         }
-        if closed {
+        if self.sink.is_none() {
+            self.capture(stream).tail.push_owned(text);
+        } else {
+            self.capture(stream).tail.push(&text);
+            self.send((stream, text)).await;
+        }
+    }
+
+    async fn send(&mut self, line: LogLine) {
+        let Some(sink) = &self.sink else { return };
+        // A closed consumer (the host stopped listening) stops logging, not capturing.
+        if sink.send(line).await.is_err() {
             self.sink = None;
         }
     }
 
     /// Flushes the decoders (a dangling partial sequence becomes U+FFFD) and returns the tails.
     pub async fn finish(mut self) -> Captured {
-        let mut texts = Vec::new();
         for stream in [StreamKind::Stdout, StreamKind::Stderr] {
-            let logging = self.sink.is_some();
-            let Capture { decoder, tail } = self.capture(stream);
-            decoder.finish(&mut |s: &str| {
-                tail.push(s);
-                if logging {
-                    texts.push((stream, s.to_owned()));
-                }
-            });
+            let mut text = String::new();
+            self.capture(stream).decoder.finish_into(&mut text);
+            self.record(stream, text).await;
         }
-        self.send(&mut texts).await;
         let truncated = self.stdout.tail.truncated() || self.stderr.tail.truncated();
         Captured { stdout: self.stdout.tail.into_string(), stderr: self.stderr.tail.into_string(), truncated }
     }
@@ -342,6 +397,36 @@ mod tests {
             assert_eq!(decode_chunks(&[bytes]), whole, "{bytes:?}");
             let singles: Vec<&[u8]> = bytes.chunks(1).collect();
             assert_eq!(decode_chunks(&singles), whole, "bytewise {bytes:?}");
+        }
+    }
+
+    #[test]
+    fn decoding_matches_lossy_decoding_inside_long_input() {
+        // Invalid sequences between and after valid text, at every alignment.
+        let cases: &[&[u8]] = &[
+            b"\xff",
+            b"\xe2\x82",
+            b"\xf0\x9f\x98",
+            b"\xc0\xaf",
+            b"\xed\xa0\x80",
+            b"\xe2\x82(",
+            b"\xf4\x90\x80\x80",
+            b"\xe0\x80\xaf",
+            b"\xf0\x8f\xbf\xbf",
+            b"\xc3",
+            b"\x80\x80",
+            "é€😀".as_bytes(),
+        ];
+        for case in cases {
+            for pre in 0..10 {
+                let mut bytes = b"abcdefghij"[..pre].to_vec();
+                bytes.extend_from_slice(case);
+                bytes.extend_from_slice(b"klmnopqrstuvwxyz");
+                bytes.extend_from_slice(case);
+                bytes.extend_from_slice(b"0123");
+                let want = String::from_utf8_lossy(&bytes).into_owned();
+                assert_eq!(decode_chunks(&[&bytes]), want, "{bytes:?}");
+            }
         }
     }
 

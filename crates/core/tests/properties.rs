@@ -253,3 +253,85 @@ proptest! {
         check_chunks(&chunks, cap)?;
     }
 }
+
+// ---------------------------------------------------------------------------
+// Binary output (issue 13 §5): `Utf8Decoder::decode` into one string, and `Output`'s one
+// log string per write, for any bytes (fully random ones too) and any read boundaries.
+
+fn decode_into_split(bytes: &[u8], cut: &[usize]) -> String {
+    let mut d = Utf8Decoder::default();
+    let mut out = String::new();
+    for w in cut.windows(2) {
+        d.decode(&bytes[w[0]..w[1]], &mut out);
+    }
+    d.finish_into(&mut out);
+    out
+}
+
+/// Runs `Output` over the reads, returning (stdout, one log string per non-empty write).
+fn output_over_reads(bytes: &[u8], cut: &[usize], cap: usize) -> (String, bool, Vec<String>) {
+    use createos_execute_core::output::Output;
+    use createos_execute_core::stream::StreamKind;
+    let rt = tokio::runtime::Builder::new_current_thread().build().expect("runtime");
+    rt.block_on(async {
+        let (tx, mut rx) = tokio::sync::mpsc::channel(cut.len() + 2);
+        let mut out = Output::with_cap(cap, Some(tx));
+        for w in cut.windows(2) {
+            out.write(StreamKind::Stdout, &bytes[w[0]..w[1]]).await.expect("write");
+        }
+        let captured = out.finish().await;
+        let mut logged = Vec::new();
+        while let Ok((stream, text)) = rx.try_recv() {
+            assert_eq!(stream, StreamKind::Stdout);
+            logged.push(text);
+        }
+        (captured.stdout, captured.truncated, logged)
+    })
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 256, ..ProptestConfig::default() })]
+
+    #[test]
+    fn decoding_random_bytes_across_any_splits_equals_lossy_decoding(
+        bytes in prop_oneof![prop::collection::vec(any::<u8>(), 0..4096), utf8ish_bytes()],
+        raw_cuts in prop::collection::vec(any::<prop::sample::Index>(), 0..24),
+    ) {
+        let cut = cuts(bytes.len(), &raw_cuts);
+        prop_assert_eq!(decode_into_split(&bytes, &cut), String::from_utf8_lossy(&bytes).into_owned());
+    }
+
+    #[test]
+    fn output_logs_at_most_one_string_per_write_and_captures_the_lossy_whole(
+        bytes in prop_oneof![prop::collection::vec(any::<u8>(), 0..4096), utf8ish_bytes()],
+        raw_cuts in prop::collection::vec(any::<prop::sample::Index>(), 0..24),
+    ) {
+        let cut = cuts(bytes.len(), &raw_cuts);
+        let whole = String::from_utf8_lossy(&bytes).into_owned();
+        let (stdout, truncated, logged) = output_over_reads(&bytes, &cut, usize::MAX);
+        prop_assert!(!truncated);
+        prop_assert_eq!(&stdout, &whole);
+        // One log string per read (plus one for a dangling sequence at the end), none empty.
+        prop_assert!(logged.len() < cut.len() + 1, "{} log strings for {} reads", logged.len(), cut.len() - 1);
+        prop_assert!(logged.iter().all(|t| !t.is_empty()));
+        prop_assert_eq!(logged.concat(), whole);
+    }
+}
+
+#[test]
+fn a_megabyte_of_random_bytes_in_odd_reads_equals_lossy_decoding() {
+    // A fixed xorshift stream, so the case is the same on every run.
+    let mut x: u64 = 0x9E37_79B9_7F4A_7C15;
+    let bytes: Vec<u8> = (0..1 << 20)
+        .map(|_| {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            x.to_le_bytes()[0]
+        })
+        .collect();
+    let cut: Vec<usize> = (0..bytes.len()).step_by(4093).chain([bytes.len()]).collect();
+    let (stdout, _, logged) = output_over_reads(&bytes, &cut, usize::MAX);
+    assert_eq!(stdout, String::from_utf8_lossy(&bytes));
+    assert_eq!(logged.len(), cut.len() - 1);
+}

@@ -1,0 +1,98 @@
+// client.config as hosts build it (issue 13 §4): methods, symbols, throwing getters
+// and class instances on the config object are ignored; only the known fields are
+// read, and each is validated with its own message.
+import { test } from 'node:test'
+import assert from 'node:assert/strict'
+import { lib, kinds, bashParams, rejection, sleep, useEmulator } from './helpers.mjs'
+
+const { execute } = lib
+let ctx
+let sandbox
+useEmulator(import.meta.url, (c) => { ctx = c; sandbox = c.sandbox() })
+
+class Region {
+  constructor(name) { this.name = name }
+  toString() { return this.name }
+}
+
+class HostConfig {
+  constructor(apiUrl) {
+    this.apiUrl = apiUrl
+    this.timeoutMs = 5000
+    this.region = new Region('eu')
+    this.created = new Date()
+    this.pattern = /x/g
+    this.counter = 10n
+    this.tags = new Map([['a', 1]])
+    this[Symbol('secret')] = 'hidden'
+    this.marker = Symbol('marker')
+    this.onChange = () => {}
+  }
+  get shape() { throw new Error('not loaded') }
+  describe() { return 'config' }
+}
+
+test('a config with methods, symbols, throwing getters and class instances runs', async () => {
+  const config = new HostConfig(ctx.url)
+  Object.defineProperty(config, 'lazy', { enumerable: true, get() { throw new Error('lazy') } })
+  const client = { config, apiKey: ctx.apiKey, refresh() {} }
+  const r = await execute(client, bashParams(sandbox, 'echo ok'))
+  assert.equal(r.exitCode, 0)
+  assert.equal(r.stdout, 'ok\n')
+  assert.ok(kinds(ctx.requests()).includes('createProcess'))
+})
+
+test('a known field is read through a getter and validated', async () => {
+  const config = { get apiUrl() { return ctx.url }, get timeoutMs() { return 5000 }, pacing: 'off' }
+  const r = await execute({ config, apiKey: ctx.apiKey }, bashParams(sandbox, 'echo ok'))
+  assert.equal(r.stdout, 'ok\n')
+})
+
+test('a nested known object ignores extra members and methods', async () => {
+  const pacing = { limit: 100, windowMs: 1000, describe() { return 'x' }, [Symbol('s')]: 1 }
+  const r = await execute(ctx.client({ pacing }), bashParams(sandbox, 'echo ok'))
+  assert.equal(r.stdout, 'ok\n')
+})
+
+const BAD = [
+  ['timeoutMs is a function', { timeoutMs: () => 5000 }, 'timeoutMs must be an integer between 1 and 86400000.'],
+  ['timeoutMs is a symbol', { timeoutMs: Symbol('t') }, 'timeoutMs must be an integer between 1 and 86400000.'],
+  ['timeoutMs is a bigint', { timeoutMs: 5000n }, 'timeoutMs must be an integer between 1 and 86400000.'],
+  ['timeoutMs is NaN', { timeoutMs: Number.NaN }, 'timeoutMs must be an integer between 1 and 86400000.'],
+  ['pacing is a function', { pacing: () => 'off' }, "pacing must be 'window', 'spacing', 'off' or an object { limit, windowMs } or { intervalMs }."],
+  ['pacing.limit is a function', { pacing: { limit: () => 5 } }, "pacing must be 'window', 'spacing', 'off' or an object { limit, windowMs } or { intervalMs }."],
+  ['a cleanupGraceMs entry is a function', { cleanupGraceMs: [1000, () => 1] }, 'cleanupGraceMs must be a non-empty array of integers between 0 and 600000.'],
+  ['confirmPollMs is an object', { confirmPollMs: new Region('x') }, 'confirmPollMs must be an integer between 1 and 600000.'],
+]
+for (const [name, override, message] of BAD) {
+  test(`rejects a config whose ${name}, before any request`, async () => {
+    const error = await rejection(execute(ctx.client(override), bashParams(sandbox, 'echo hi')))
+    assert.equal(error.message, message)
+    await sleep(20)
+    assert.deepEqual(ctx.requests(), [])
+  })
+}
+
+test('a throwing getter on a known field is that field being invalid', async () => {
+  const config = { apiUrl: ctx.url, get timeoutMs() { throw new Error('boom') } }
+  const error = await rejection(execute({ config, apiKey: ctx.apiKey }, bashParams(sandbox, 'echo hi')))
+  assert.equal(error.message, 'timeoutMs must be an integer between 1 and 86400000.')
+  assert.ok(!error.message.includes('boom'))
+})
+
+test('an apiUrl that is not a string is the missing-URL error', async () => {
+  for (const apiUrl of [() => ctx.url, Symbol('u'), undefined]) {
+    const error = await rejection(execute({ config: { apiUrl }, apiKey: ctx.apiKey }, bashParams(sandbox, 'echo hi')))
+    assert.ok(error instanceof TypeError)
+    assert.equal(error.message, 'CreateOS requires an API URL.')
+  }
+  const config = { get apiUrl() { throw new Error('boom') } }
+  const error = await rejection(execute({ config, apiKey: ctx.apiKey }, bashParams(sandbox, 'echo hi')))
+  assert.equal(error.message, 'CreateOS requires an API URL.')
+})
+
+test('a throwing apiKey getter on the client falls back to config.apiKey', async () => {
+  const client = { config: { apiUrl: ctx.url, apiKey: ctx.apiKey, timeoutMs: 5000 }, get apiKey() { throw new Error('x') } }
+  const r = await execute(client, bashParams(sandbox, 'echo ok'))
+  assert.equal(r.stdout, 'ok\n')
+})

@@ -1,0 +1,72 @@
+//! The decoder alone (issue 13 §5): `Output::write` (UTF-8 decoding into the 4 Mi-character
+//! tail) over 64 KiB reads of ASCII, multi-byte UTF-8 and random bytes, in MB/s of input.
+//!
+//! ```text
+//! cargo run --release -p createos_execute_core --example decode_speed -- [mib] [runs]
+//! ```
+//!
+//! Prints one JSON line: `{"ASCII":[MB/s per run],"multi-byte UTF-8":[...],"random":[...],...}`,
+//! with std's `String::from_utf8_lossy` of the random reads as a reference row.
+
+use std::time::Instant;
+
+use createos_execute_core::output::Output;
+use createos_execute_core::stream::StreamKind;
+
+fn random_bytes(n: usize) -> Vec<u8> {
+    let mut x: u64 = 0x2545_F491_4F6C_DD1D;
+    (0..n)
+        .map(|_| {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            x.to_le_bytes()[0]
+        })
+        .collect()
+}
+
+fn main() -> Result<(), Box<dyn std::error::Error>> {
+    let args: Vec<String> = std::env::args().collect();
+    let mib: usize = args.get(1).map_or(Ok(64), |s| s.parse())?;
+    let runs: usize = args.get(2).map_or(Ok(5), |s| s.parse())?;
+    let n = mib << 20;
+    let inputs: [(&str, Vec<u8>); 3] = [
+        ("ASCII", "abcdefghijklmnopqrstuvwxyz0123456789\n".bytes().cycle().take(n).collect()),
+        ("multi-byte UTF-8", "é€😀ü中文\n".bytes().cycle().take(n).collect()),
+        ("random", random_bytes(n)),
+    ];
+    let rt = tokio::runtime::Builder::new_current_thread().build()?;
+    let mut json = Vec::new();
+    for (name, bytes) in &inputs {
+        let mut speeds = Vec::new();
+        for _ in 0..runs {
+            let t = Instant::now();
+            let captured = rt.block_on(async {
+                let mut output = Output::new(None);
+                for chunk in bytes.chunks(64 * 1024) {
+                    output.write(StreamKind::Stdout, chunk).await?;
+                }
+                Ok::<_, createos_execute_core::error::Error>(output.finish().await)
+            })?;
+            let secs = t.elapsed().as_secs_f64();
+            std::hint::black_box(captured);
+            speeds.push(format!("{:.1}", bytes.len() as f64 / 1e6 / secs));
+        }
+        json.push(format!("\"{name}\":[{}]", speeds.join(",")));
+    }
+    // The reference: std's lossy conversion of the same random reads (what the decoder must
+    // equal), one allocation per read.
+    let mut speeds = Vec::new();
+    for _ in 0..runs {
+        let t = Instant::now();
+        let mut total = 0;
+        for chunk in inputs[2].1.chunks(64 * 1024) {
+            total += String::from_utf8_lossy(chunk).len();
+        }
+        std::hint::black_box(total);
+        speeds.push(format!("{:.1}", inputs[2].1.len() as f64 / 1e6 / t.elapsed().as_secs_f64()));
+    }
+    json.push(format!("\"random, std String::from_utf8_lossy (reference)\":[{}]", speeds.join(",")));
+    println!("{{{}}}", json.join(","));
+    Ok(())
+}
