@@ -59,15 +59,16 @@ const BAD = [
   ['timeoutMs is a symbol', { timeoutMs: Symbol('t') }, 'timeoutMs must be an integer between 1 and 86400000.'],
   ['timeoutMs is a bigint', { timeoutMs: 5000n }, 'timeoutMs must be an integer between 1 and 86400000.'],
   ['timeoutMs is NaN', { timeoutMs: Number.NaN }, 'timeoutMs must be an integer between 1 and 86400000.'],
-  ['pacing is a function', { pacing: () => 'off' }, "pacing must be 'window', 'spacing', 'off' or an object { limit, windowMs } or { intervalMs }."],
-  ['pacing.limit is a function', { pacing: { limit: () => 5 } }, "pacing must be 'window', 'spacing', 'off' or an object { limit, windowMs } or { intervalMs }."],
+  ['pacing is a function', { pacing: () => 'off' }, /^pacing must be 'window', 'spacing', 'off' or an object/],
+  ['pacing.limit is a function', { pacing: { limit: () => 5 } }, /^pacing must be 'window', 'spacing', 'off' or an object/],
   ['a cleanupGraceMs entry is a function', { cleanupGraceMs: [1000, () => 1] }, 'cleanupGraceMs must be a non-empty array of integers between 0 and 600000.'],
   ['confirmPollMs is an object', { confirmPollMs: new Region('x') }, 'confirmPollMs must be an integer between 1 and 600000.'],
 ]
 for (const [name, override, message] of BAD) {
   test(`rejects a config whose ${name}, before any request`, async () => {
     const error = await rejection(execute(ctx.client(override), bashParams(sandbox, 'echo hi')))
-    assert.equal(error.message, message)
+    if (message instanceof RegExp) assert.match(error.message, message)
+    else assert.equal(error.message, message)
     await sleep(20)
     assert.deepEqual(ctx.requests(), [])
   })
