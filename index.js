@@ -186,6 +186,8 @@ const CONFIG_FIELDS = Object.freeze([
   'streamIdleTimeoutMs',
   'proxy',
   'caCertPem',
+  // Test hook: honoured only by a build with the `test-hooks` feature.
+  '__panicAt',
 ])
 const MAX_CONFIG_DEPTH = 4
 

@@ -97,3 +97,18 @@ test('a throwing apiKey getter on the client falls back to config.apiKey', async
   const r = await execute(client, bashParams(sandbox, 'echo ok'))
   assert.equal(r.stdout, 'ok\n')
 })
+
+test('CONFIG_FIELDS in index.js lists every field the native config reads', async () => {
+  const { readFileSync } = await import('node:fs')
+  const { ROOT } = await import('./helpers.mjs')
+  const rust = readFileSync(`${ROOT}/crates/core/src/config.rs`, 'utf8')
+  const js = readFileSync(`${ROOT}/index.js`, 'utf8')
+  const listed = new Set([...js.slice(js.indexOf('const CONFIG_FIELDS'), js.indexOf('])', js.indexOf('const CONFIG_FIELDS')))
+    .matchAll(/'([A-Za-z_]+)'/g)].map((m) => m[1]))
+  // Top-level keys of the client object (`m`); the command's fields are parsed from params,
+  // and pacingStoreDefault comes from the environment only.
+  const notConfig = new Set(['args', 'command', 'cwd', 'env', 'stdin', 'pacingStoreDefault'])
+  const read = [...new Set([...rust.matchAll(/opt\(m, "([A-Za-z_]+)"\)/g)].map((m) => m[1]))].filter((k) => !notConfig.has(k))
+  assert.ok(read.length >= 10, read.join(','))
+  assert.deepEqual(read.filter((k) => !listed.has(k)), [])
+})
