@@ -19,11 +19,19 @@ export declare class CancelHandle {
   cancel(timedOut: boolean): void
 }
 
+/** r" What `destroySandboxNative` resolves with. */
+export interface DestroyOutcome {
+  ok: boolean
+  value?: NativeTerminationReceipt
+  error?: NativeError
+  warnings?: Array<NativeWarning>
+}
+
 /**
  * Destroys a sandbox and confirms it gone; resolves the receipt
  * `{ providerLeaseId, state: 'destroyed' }`.
  */
-export declare function destroySandboxNative(client: object, sandboxId: string, onDiag?: ((channel: string, event: object) => void) | undefined | null): Promise<any>
+export declare function destroySandboxNative(client: object, sandboxId: string, onDiag?: ((channel: string, event: object) => void) | undefined | null): Promise<DestroyOutcome>
 
 /**
  * Ends this environment's in-flight calls (each is cancelled and runs its cleanup) and waits
@@ -33,19 +41,113 @@ export declare function destroySandboxNative(client: object, sandboxId: string, 
 export declare function endInFlightCalls(): void
 
 /** Runs a command through a managed process (see `execute.rs`). */
-export declare function executeNative(client: object, params: object, cancel: CancelHandle, onLog?: ((stream: string, text: string) => void) | undefined | null, onDiag?: ((channel: string, event: object) => void) | undefined | null): Promise<any>
+export declare function executeNative(client: object, params: object, cancel: CancelHandle, onLog?: ((stream: string, text: string) => void) | undefined | null, onDiag?: ((channel: string, event: object) => void) | undefined | null): Promise<ExecuteOutcome>
+
+/** r" What `executeNative` and `executeStreamNative` resolve with. */
+export interface ExecuteOutcome {
+  ok: boolean
+  value?: NativeExecuteResult
+  error?: NativeError
+  warnings?: Array<NativeWarning>
+}
 
 /** Runs a command through `/exec?stream=true`. */
-export declare function executeStreamNative(client: object, params: object, cancel: CancelHandle, onLog?: ((stream: string, text: string) => void) | undefined | null, onDiag?: ((channel: string, event: object) => void) | undefined | null): Promise<any>
+export declare function executeStreamNative(client: object, params: object, cancel: CancelHandle, onLog?: ((stream: string, text: string) => void) | undefined | null, onDiag?: ((channel: string, event: object) => void) | undefined | null): Promise<ExecuteOutcome>
+
+/** r" What `followProcessNative` resolves with. */
+export interface FollowOutcome {
+  ok: boolean
+  value?: NativeProcessExit
+  error?: NativeError
+  warnings?: Array<NativeWarning>
+}
 
 /**
  * Follows a process the host created; `onEvent('connected')` on every attach,
  * `onEvent(stream, bytes)` for output.
  */
-export declare function followProcessNative(client: object, sandboxId: string, processId: string, cancel: CancelHandle, onEvent: (kind: string, data?: Buffer | null) => void, onDiag?: ((channel: string, event: object) => void) | undefined | null): Promise<any>
+export declare function followProcessNative(client: object, sandboxId: string, processId: string, cancel: CancelHandle, onEvent: (kind: string, data?: Buffer | null) => void, onDiag?: ((channel: string, event: object) => void) | undefined | null): Promise<FollowOutcome>
+
+/** One step of a cleanup, recovery or sandbox destruction: fixed words and numbers only. */
+export interface NativeAttempt {
+  /** `delete`, `wait`, `list`, `get`, `internal`, ... */
+  step: string
+  /** `grace_ms` of a DELETE of a process; null for every other step. */
+  graceMs: number | null
+  /** Built from statuses and booleans only: `tree exited`, `HTTP 503`, `no response`, ... */
+  outcome: string
+  /** Time since the cleanup began. */
+  atMs: number
+}
+
+/** A native error as data: `index.js` turns it into the JS class that `kind` names. */
+export interface NativeError {
+  kind: 'api' | 'cleanup' | 'destroy' | 'cancelled' | 'aborted' | 'input' | 'error'
+  /** Fixed text: never a URL, a body or the key. */
+  message: string
+  /** `kind: 'error'` with a code of its own (`CREATEOS_TLS_UNTRUSTED`, `CREATEOS_NOT_STARTED`, ...). */
+  code: string | null
+  /** `kind: 'api'`: the HTTP status. */
+  status: number | null
+  /** `kind: 'cleanup'`. */
+  reason: 'creation-unconfirmed' | 'termination-unconfirmed' | null | null
+  /** `kind: 'cleanup'` and `'destroy'`. */
+  sandboxId: string | null
+  /** `kind: 'cleanup'`: the process, when one is known. */
+  processId: string | null
+  /** `kind: 'cleanup'` and `'destroy'`: every step, in order. */
+  attempts: Array<NativeAttempt> | null
+  /** `kind: 'aborted'`: the abort was a timeout. */
+  timedOut: boolean | null
+}
+
+/** `metadata` of an execute result. */
+export interface NativeExecuteMetadata {
+  processId: string | null
+  outputTruncated: boolean
+  treeExited: boolean | null
+}
+
+/** The value of a completed (or timed-out) command. */
+export interface NativeExecuteResult {
+  exitCode: number | null
+  signal: string | null
+  timedOut: boolean
+  stdout: string
+  stderr: string
+  metadata: NativeExecuteMetadata
+}
+
+/** How a followed process ended. */
+export interface NativeProcessExit {
+  exitCode: number | null
+  signal: string | null
+}
+
+/** The plugin SDK's `PluginEnvironmentTerminationReceipt`. */
+export interface NativeTerminationReceipt {
+  providerLeaseId: string
+  state: 'destroyed'
+}
+
+/**
+ * A state change the core saw (e.g. the shared pacing store went down); emitted once by
+ * `index.js` with `process.emitWarning`.
+ */
+export interface NativeWarning {
+  code: string
+  message: string
+}
 
 /** Quotes a value as one bash word; throws on NUL. */
 export declare function shellQuote(value: string): string
 
 /** Waits for a request slot of the API origin (the pacer shared with every call). */
-export declare function waitForRequestNative(client: object, cancel: CancelHandle): Promise<any>
+export declare function waitForRequestNative(client: object, cancel: CancelHandle): Promise<WaitOutcome>
+
+/** What `waitForRequestNative` resolves with (no value). */
+export interface WaitOutcome {
+  ok: boolean
+  error?: NativeError
+  warnings?: Array<NativeWarning>
+}

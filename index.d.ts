@@ -238,7 +238,8 @@ export type CleanupReason = 'creation-unconfirmed' | 'termination-unconfirmed'
 export interface CleanupAttempt {
   /** e.g. `delete`, `wait`, `list`, `backoff`, `internal` (a panic in native code) */
   step: string
-  graceMs?: number
+  /** `grace_ms` of a process DELETE; null for every other step. */
+  graceMs: number | null
   /** e.g. `tree_exited:false`, `http 503`, `no response`, `gone` */
   outcome: string
   /** Milliseconds since the cleanup started. */

@@ -17,3 +17,14 @@ void native.waitForRequestNative(client, handle);
 void native.destroySandboxNative(client, "sb");
 const quoted: string = native.shellQuote("x");
 void quoted;
+
+// The hand-written public types and the generated ones agree field for field: a field added,
+// removed, renamed or retyped on either side stops this compiling.
+import type { ExecuteResult, ExecuteMetadata, ProcessExit, SandboxTerminationReceipt, CleanupAttempt } from "createos-execute";
+type Equal<A, B> = (<T>() => T extends A ? 1 : 2) extends <T>() => T extends B ? 1 : 2 ? true : false;
+const resultShape: Equal<native.NativeExecuteResult, ExecuteResult> = true;
+const metadataShape: Equal<native.NativeExecuteMetadata, ExecuteMetadata> = true;
+const exitShape: Equal<native.NativeProcessExit, ProcessExit> = true;
+const receiptShape: Equal<native.NativeTerminationReceipt, SandboxTerminationReceipt> = true;
+const attemptShape: Equal<native.NativeAttempt, CleanupAttempt> = true;
+void resultShape; void metadataShape; void exitShape; void receiptShape; void attemptShape;

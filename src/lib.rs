@@ -169,76 +169,225 @@ pub fn end_in_flight_calls(env: &Env) {
     end_calls(env.raw() as usize);
 }
 
-/// The one place a Rust error becomes data for JS.
-fn error_json(e: &Error) -> Value {
-    let message = e.to_string();
-    match e {
-        Error::Api { status, .. } => json!({ "kind": "api", "message": message, "status": status }),
-        Error::Cleanup(r) => json!({
-            "kind": "cleanup",
-            "message": message,
-            "reason": r.reason.as_str(),
-            "sandboxId": r.sandbox_id,
-            "processId": r.process_id,
-            "attempts": r.attempts.iter().map(|a| json!({
-                "step": a.step, "graceMs": a.grace_ms, "outcome": a.outcome, "atMs": a.at_ms,
-            })).collect::<Vec<_>>(),
-        }),
-        Error::DestroyUnconfirmed(r) => json!({
-            "kind": "destroy",
-            "message": message,
-            "sandboxId": r.sandbox_id,
-            "attempts": r.attempts.iter().map(|a| json!({ "step": a.step, "outcome": a.outcome, "atMs": a.at_ms })).collect::<Vec<_>>(),
-        }),
-        Error::Cancelled => json!({ "kind": "cancelled", "message": message }),
-        Error::TimedOut => json!({ "kind": "aborted", "timedOut": true, "message": message }),
-        Error::Input(_) => json!({ "kind": "input", "message": message }),
-        _ => match e.code() {
-            Some(code) => json!({ "kind": "error", "code": code, "message": message }),
-            None => json!({ "kind": "error", "message": message }),
-        },
-    }
+// ---------------------------------------------------------------------------
+// What a call resolves with: typed, so binding.d.ts says what index.js receives.
+
+/// One step of a cleanup, recovery or sandbox destruction: fixed words and numbers only.
+#[napi(object, use_nullable = true)]
+pub struct NativeAttempt {
+    /// `delete`, `wait`, `list`, `get`, `internal`, ...
+    pub step: String,
+    /// `grace_ms` of a DELETE of a process; null for every other step.
+    pub grace_ms: Option<f64>,
+    /// Built from statuses and booleans only: `tree exited`, `HTTP 503`, `no response`, ...
+    pub outcome: String,
+    /// Time since the cleanup began.
+    pub at_ms: f64,
 }
 
-fn outcome(r: std::result::Result<Value, Error>) -> Value {
-    let mut out = match r {
-        Ok(value) => json!({ "ok": true, "value": value }),
-        Err(e) => json!({ "ok": false, "error": error_json(&e) }),
+/// A native error as data: `index.js` turns it into the JS class that `kind` names.
+#[napi(object, use_nullable = true)]
+pub struct NativeError {
+    #[napi(ts_type = "'api' | 'cleanup' | 'destroy' | 'cancelled' | 'aborted' | 'input' | 'error'")]
+    pub kind: String,
+    /// Fixed text: never a URL, a body or the key.
+    pub message: String,
+    /// `kind: 'error'` with a code of its own (`CREATEOS_TLS_UNTRUSTED`, `CREATEOS_NOT_STARTED`, ...).
+    pub code: Option<String>,
+    /// `kind: 'api'`: the HTTP status.
+    pub status: Option<u32>,
+    /// `kind: 'cleanup'`.
+    #[napi(ts_type = "'creation-unconfirmed' | 'termination-unconfirmed' | null")]
+    pub reason: Option<String>,
+    /// `kind: 'cleanup'` and `'destroy'`.
+    pub sandbox_id: Option<String>,
+    /// `kind: 'cleanup'`: the process, when one is known.
+    pub process_id: Option<String>,
+    /// `kind: 'cleanup'` and `'destroy'`: every step, in order.
+    pub attempts: Option<Vec<NativeAttempt>>,
+    /// `kind: 'aborted'`: the abort was a timeout.
+    pub timed_out: Option<bool>,
+}
+
+/// A state change the core saw (e.g. the shared pacing store went down); emitted once by
+/// `index.js` with `process.emitWarning`.
+#[napi(object)]
+pub struct NativeWarning {
+    pub code: String,
+    pub message: String,
+}
+
+/// `metadata` of an execute result.
+#[napi(object, use_nullable = true)]
+pub struct NativeExecuteMetadata {
+    pub process_id: Option<String>,
+    pub output_truncated: bool,
+    pub tree_exited: Option<bool>,
+}
+
+/// The value of a completed (or timed-out) command.
+#[napi(object, use_nullable = true)]
+pub struct NativeExecuteResult {
+    pub exit_code: Option<i32>,
+    pub signal: Option<String>,
+    pub timed_out: bool,
+    pub stdout: String,
+    pub stderr: String,
+    pub metadata: NativeExecuteMetadata,
+}
+
+/// How a followed process ended.
+#[napi(object, use_nullable = true)]
+pub struct NativeProcessExit {
+    pub exit_code: Option<i32>,
+    pub signal: Option<String>,
+}
+
+/// The plugin SDK's `PluginEnvironmentTerminationReceipt`.
+#[napi(object)]
+pub struct NativeTerminationReceipt {
+    pub provider_lease_id: String,
+    #[napi(ts_type = "'destroyed'")]
+    pub state: String,
+}
+
+fn attempts(list: &[createos_execute_core::error::Attempt]) -> Vec<NativeAttempt> {
+    #[allow(clippy::cast_precision_loss)] // grace periods are milliseconds, far below 2^53
+    list.iter()
+        .map(|a| NativeAttempt {
+            step: a.step.to_owned(),
+            grace_ms: a.grace_ms.map(|g| g as f64),
+            outcome: a.outcome.clone(),
+            at_ms: a.at_ms,
+        })
+        .collect()
+}
+
+/// The one place a Rust error becomes data for JS.
+fn native_error(e: &Error) -> NativeError {
+    let mut out = NativeError {
+        kind: "error".to_owned(),
+        message: e.to_string(),
+        code: None,
+        status: None,
+        reason: None,
+        sandbox_id: None,
+        process_id: None,
+        attempts: None,
+        timed_out: None,
     };
-    // State changes the core saw since the last call settled (e.g. the shared pacing store
-    // went down); index.js emits each with `process.emitWarning`. Each is delivered once.
-    let warnings = createos_execute_core::pacer::take_warnings();
-    if !warnings.is_empty() {
-        out["warnings"] =
-            warnings.iter().map(|w| json!({ "code": w.code, "message": w.message })).collect::<Vec<_>>().into();
+    match e {
+        Error::Api { status, .. } => {
+            out.kind = "api".to_owned();
+            out.status = Some(u32::from(*status));
+        }
+        Error::Cleanup(r) => {
+            out.kind = "cleanup".to_owned();
+            out.reason = Some(r.reason.as_str().to_owned());
+            out.sandbox_id = Some(r.sandbox_id.clone());
+            out.process_id.clone_from(&r.process_id);
+            out.attempts = Some(attempts(&r.attempts));
+        }
+        Error::DestroyUnconfirmed(r) => {
+            out.kind = "destroy".to_owned();
+            out.sandbox_id = Some(r.sandbox_id.clone());
+            out.attempts = Some(attempts(&r.attempts));
+        }
+        Error::Cancelled => out.kind = "cancelled".to_owned(),
+        Error::TimedOut => {
+            out.kind = "aborted".to_owned();
+            out.timed_out = Some(true);
+        }
+        Error::Input(_) => out.kind = "input".to_owned(),
+        _ => out.code = e.code().map(str::to_owned),
     }
     out
 }
 
-fn result_json(r: ExecuteResult) -> Value {
-    json!({
-        "exitCode": r.exit_code,
-        "signal": r.signal,
-        "timedOut": r.timed_out,
-        "stdout": r.stdout,
-        "stderr": r.stderr,
-        "metadata": {
-            "processId": r.process_id,
-            "outputTruncated": r.output_truncated,
-            "treeExited": r.tree_exited,
-        },
+/// State changes the core saw since the last call settled; each is delivered once.
+fn take_warnings() -> Option<Vec<NativeWarning>> {
+    let warnings = createos_execute_core::pacer::take_warnings();
+    (!warnings.is_empty()).then(|| {
+        warnings.iter().map(|w| NativeWarning { code: w.code.to_owned(), message: w.message.to_owned() }).collect()
     })
+}
+
+/// `{ ok, value?, error?, warnings? }` for each kind of value; a call never rejects for a
+/// domain error.
+macro_rules! outcome_type {
+    ($(#[$doc:meta])* $name:ident, $value:ty) => {
+        $(#[$doc])*
+        #[napi(object)]
+        pub struct $name {
+            pub ok: bool,
+            pub value: Option<$value>,
+            pub error: Option<NativeError>,
+            pub warnings: Option<Vec<NativeWarning>>,
+        }
+
+        impl From<std::result::Result<$value, Error>> for $name {
+            fn from(r: std::result::Result<$value, Error>) -> Self {
+                let (ok, value, error) = match r {
+                    Ok(v) => (true, Some(v), None),
+                    Err(e) => (false, None, Some(native_error(&e))),
+                };
+                $name { ok, value, error, warnings: take_warnings() }
+            }
+        }
+    };
+}
+
+outcome_type!(
+    /// What `executeNative` and `executeStreamNative` resolve with.
+    ExecuteOutcome,
+    NativeExecuteResult
+);
+outcome_type!(
+    /// What `followProcessNative` resolves with.
+    FollowOutcome,
+    NativeProcessExit
+);
+outcome_type!(
+    /// What `destroySandboxNative` resolves with.
+    DestroyOutcome,
+    NativeTerminationReceipt
+);
+
+/// What `waitForRequestNative` resolves with (no value).
+#[napi(object)]
+pub struct WaitOutcome {
+    pub ok: bool,
+    pub error: Option<NativeError>,
+    pub warnings: Option<Vec<NativeWarning>>,
+}
+
+impl From<std::result::Result<(), Error>> for WaitOutcome {
+    fn from(r: std::result::Result<(), Error>) -> Self {
+        WaitOutcome { ok: r.is_ok(), error: r.err().map(|e| native_error(&e)), warnings: take_warnings() }
+    }
+}
+
+fn execute_value(r: ExecuteResult) -> NativeExecuteResult {
+    NativeExecuteResult {
+        exit_code: r.exit_code,
+        signal: r.signal,
+        timed_out: r.timed_out,
+        stdout: r.stdout,
+        stderr: r.stderr,
+        metadata: NativeExecuteMetadata {
+            process_id: r.process_id,
+            output_truncated: r.output_truncated,
+            tree_exited: r.tree_exited,
+        },
+    }
 }
 
 /// Runs `fut` on napi's tokio runtime, registered with `env` (see the module doc); a panic
 /// rejects the promise. `make` gets the "environment gone" signal.
-fn spawn<'env, F>(
-    env: &'env Env,
-    abort: Option<Abort>,
-    make: impl FnOnce(Abort) -> F,
-) -> Result<PromiseRaw<'env, Value>>
+fn spawn<'env, T, F>(env: &'env Env, abort: Option<Abort>, make: impl FnOnce(Abort) -> F) -> Result<PromiseRaw<'env, T>>
 where
-    F: std::future::Future<Output = Value> + Send + 'static,
+    T: ToNapiValue + Send + 'static,
+    F: std::future::Future<Output = T> + Send + 'static,
 {
     let gone = Abort::new();
     let registered = register(env, abort, gone.clone());
@@ -367,13 +516,13 @@ fn run_command<'env>(
     on_log: Option<LogFn>,
     on_diag: Option<DiagFn>,
     runner: Runner,
-) -> Result<PromiseRaw<'env, Value>> {
+) -> Result<PromiseRaw<'env, ExecuteOutcome>> {
     let abort = cancel.abort.clone();
     spawn(env, Some(abort.clone()), |gone| async move {
         let parsed = config::parse_config(&client).and_then(|c| Ok((c, config::parse_params(&params)?)));
         let (mut cfg, params) = match parsed {
             Ok(p) => p,
-            Err(e) => return outcome(Err(e)),
+            Err(e) => return Err(e).into(),
         };
         let (sink, events) = event_sink(on_diag);
         cfg.events = sink;
@@ -392,7 +541,7 @@ fn run_command<'env>(
         if let Some(e) = events {
             e.finish().await;
         }
-        outcome(result.map(result_json))
+        result.map(execute_value).into()
     })
 }
 
@@ -407,7 +556,7 @@ pub fn execute_native<'env>(
     cancel: &CancelHandle,
     on_log: Option<LogFn>,
     on_diag: Option<DiagFn>,
-) -> Result<PromiseRaw<'env, Value>> {
+) -> Result<PromiseRaw<'env, ExecuteOutcome>> {
     run_command(env, client, params, cancel, on_log, on_diag, |c, p, a, l| {
         Box::pin(async move { execute::execute(&c, &p, a, l).await })
     })
@@ -424,7 +573,7 @@ pub fn execute_stream_native<'env>(
     cancel: &CancelHandle,
     on_log: Option<LogFn>,
     on_diag: Option<DiagFn>,
-) -> Result<PromiseRaw<'env, Value>> {
+) -> Result<PromiseRaw<'env, ExecuteOutcome>> {
     run_command(env, client, params, cancel, on_log, on_diag, |c, p, a, l| {
         Box::pin(async move { execute::execute_stream(&c, &p, a, l).await })
     })
@@ -443,14 +592,14 @@ pub fn follow_process_native<'env>(
     cancel: &CancelHandle,
     on_event: EventFn,
     on_diag: Option<DiagFn>,
-) -> Result<PromiseRaw<'env, Value>> {
+) -> Result<PromiseRaw<'env, FollowOutcome>> {
     let abort = cancel.abort.clone();
     spawn(env, Some(abort.clone()), |gone| async move {
         let parsed = config::parse_config(&client)
             .and_then(|c| Ok((c, config::sandbox_id(Some(&sandbox_id))?, config::process_id(Some(&process_id))?)));
         let (mut cfg, sb, pid) = match parsed {
             Ok(p) => p,
-            Err(e) => return outcome(Err(e)),
+            Err(e) => return Err(e).into(),
         };
         let (sink, events) = event_sink(on_diag);
         cfg.events = sink;
@@ -475,7 +624,7 @@ pub fn follow_process_native<'env>(
         if let Some(e) = events {
             e.finish().await;
         }
-        outcome(result.map(|exit| json!({ "exitCode": exit.exit_code, "signal": exit.signal })))
+        result.map(|exit| NativeProcessExit { exit_code: exit.exit_code, signal: exit.signal }).into()
     })
 }
 
@@ -485,14 +634,14 @@ pub fn wait_for_request_native<'env>(
     env: &'env Env,
     client: Value,
     cancel: &CancelHandle,
-) -> Result<PromiseRaw<'env, Value>> {
+) -> Result<PromiseRaw<'env, WaitOutcome>> {
     let abort = cancel.abort.clone();
     spawn(env, Some(abort.clone()), |_| async move {
         let r = match config::parse_config(&client) {
             Ok(cfg) => execute::wait_for_request(&cfg.api_url, &cfg.pacing, abort).await,
             Err(e) => Err(e),
         };
-        outcome(r.map(|()| Value::Null))
+        WaitOutcome::from(r)
     })
 }
 
@@ -506,7 +655,7 @@ pub fn destroy_sandbox_native<'env>(
     client: Value,
     sandbox_id: Value,
     on_diag: Option<DiagFn>,
-) -> Result<PromiseRaw<'env, Value>> {
+) -> Result<PromiseRaw<'env, DestroyOutcome>> {
     spawn(env, None, |_| async move {
         let (sink, events) = event_sink(on_diag);
         let r = async {
@@ -514,13 +663,13 @@ pub fn destroy_sandbox_native<'env>(
             cfg.events = sink;
             let sb = config::sandbox_id(Some(&sandbox_id))?;
             execute::destroy_sandbox(&cfg, &sb).await?;
-            Ok(json!({ "providerLeaseId": sb, "state": "destroyed" }))
+            Ok(NativeTerminationReceipt { provider_lease_id: sb, state: "destroyed".to_owned() })
         }
         .await;
         if let Some(e) = events {
             e.finish().await;
         }
-        outcome(r)
+        DestroyOutcome::from(r)
     })
 }
 
@@ -533,9 +682,11 @@ pub fn shell_quote(value: String) -> Result<String> {
 /// For the robustness tests only: a native call whose future panics.
 #[cfg(feature = "test-hooks")]
 #[napi(js_name = "__panicForTest")]
-pub fn panic_for_test(env: &Env) -> Result<PromiseRaw<'_, Value>> {
+pub fn panic_for_test(env: &Env) -> Result<PromiseRaw<'_, WaitOutcome>> {
     spawn(env, None, |_| async {
-        let v: Option<Value> = None;
-        v.expect("deliberate panic for the robustness test")
+        if std::hint::black_box(true) {
+            panic!("deliberate panic for the robustness test");
+        }
+        WaitOutcome::from(Ok(()))
     })
 }
