@@ -1,30 +1,17 @@
 //! Containment scenarios (issue 4) against the real emulator, through the Rust core.
 //! Each test asserts on what the caller got and on the emulator's request log.
 
+mod support;
+
 use std::time::Duration;
 
 use createos_execute_core::abort::Abort;
-use createos_execute_core::config::{parse_config, parse_params, Config, Params};
+use createos_execute_core::config::parse_params;
 use createos_execute_core::error::{CleanupReason, Error};
-use createos_execute_core::execute::{execute, ExecuteResult};
-use createos_test_support::{assert_nothing_alive, unlimited, with_emulator, Emulator, FaultRule};
+use createos_execute_core::execute::execute;
+use createos_test_support::{assert_nothing_alive, unlimited, with_emulator, Emulator};
 use serde_json::json;
-
-fn cfg(emu: &Emulator, extra: serde_json::Value) -> Config {
-    let mut c = json!({ "apiUrl": emu.url(), "apiKey": emu.api_key(), "timeoutMs": 8000, "pacing": "off" });
-    for (k, v) in extra.as_object().unwrap() {
-        c[k] = v.clone();
-    }
-    parse_config(&c).unwrap()
-}
-
-fn params(sb: &str, script: &str) -> Params {
-    parse_params(&json!({ "sandboxId": sb, "command": "/bin/bash", "args": ["-c", script] })).unwrap()
-}
-
-fn fault(emu: &Emulator, rule: serde_json::Value) {
-    emu.add_fault(FaultRule::from_json(&rule.to_string()).unwrap());
-}
+use support::{cfg, count, fault, params, timed_out_run};
 
 /// `METHOD route` of every request, with the query where it matters.
 fn log(emu: &Emulator) -> Vec<String> {
@@ -35,20 +22,6 @@ fn log(emu: &Emulator) -> Vec<String> {
             _ => format!("{} {} {}", r.method, r.route, r.status),
         })
         .collect()
-}
-
-fn count(emu: &Emulator, route: &str) -> usize {
-    emu.requests().iter().filter(|r| r.route == route).count()
-}
-
-async fn timed_out_run(c: &Config, sb: &str, script: &str, after: Duration) -> Result<ExecuteResult, Error> {
-    let abort = Abort::new();
-    let a = abort.clone();
-    tokio::spawn(async move {
-        tokio::time::sleep(after).await;
-        a.abort(true);
-    });
-    execute(c, &params(sb, script), abort, None).await
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

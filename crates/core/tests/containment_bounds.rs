@@ -2,32 +2,19 @@
 //! core. Each test asserts on what the caller got, on the emulator's request log and on which
 //! processes are alive afterwards.
 
+mod support;
+
 use std::time::{Duration, Instant};
 
 use createos_execute_core::abort::{Abort, Ctx};
-use createos_execute_core::config::{parse_config, parse_params, Config, Params};
+use createos_execute_core::config::Config;
 use createos_execute_core::error::{CleanupReason, Error, Operation};
-use createos_execute_core::execute::{self, execute, ExecuteResult, FollowEvent};
+use createos_execute_core::execute::{self, execute, FollowEvent};
 use createos_execute_core::follow::SEQUENCE_GAP;
-use createos_test_support::{assert_nothing_alive, unlimited, with_emulator, Emulator, EmulatorOptions, FaultRule};
+use createos_test_support::{assert_nothing_alive, unlimited, with_emulator, Emulator, EmulatorOptions};
 use reqwest::Method;
 use serde_json::json;
-
-fn cfg(emu: &Emulator, extra: serde_json::Value) -> Config {
-    let mut c = json!({ "apiUrl": emu.url(), "apiKey": emu.api_key(), "timeoutMs": 8000, "pacing": "off" });
-    for (k, v) in extra.as_object().unwrap() {
-        c[k] = v.clone();
-    }
-    parse_config(&c).unwrap()
-}
-
-fn params(sb: &str, script: &str) -> Params {
-    parse_params(&json!({ "sandboxId": sb, "command": "/bin/bash", "args": ["-c", script] })).unwrap()
-}
-
-fn fault(emu: &Emulator, rule: serde_json::Value) {
-    emu.add_fault(FaultRule::from_json(&rule.to_string()).unwrap());
-}
+use support::{cfg, count, fault, params, timed_out_run};
 
 /// `METHOD route query status` of every request of `route`.
 fn of(emu: &Emulator, route: &str) -> Vec<String> {
@@ -36,20 +23,6 @@ fn of(emu: &Emulator, route: &str) -> Vec<String> {
         .filter(|r| r.route == route)
         .map(|r| format!("{} {} {} {}", r.method, r.route, r.query, r.status))
         .collect()
-}
-
-fn count(emu: &Emulator, route: &str) -> usize {
-    emu.requests().iter().filter(|r| r.route == route).count()
-}
-
-async fn timed_out_run(c: &Config, sb: &str, script: &str, after: Duration) -> Result<ExecuteResult, Error> {
-    let abort = Abort::new();
-    let a = abort.clone();
-    tokio::spawn(async move {
-        tokio::time::sleep(after).await;
-        a.abort(true);
-    });
-    execute(c, &params(sb, script), abort, None).await
 }
 
 /// Starts `/bin/sleep 30` as a managed process the way a host would; returns its id.
