@@ -202,9 +202,12 @@ const SCENARIOS = [
 // ---------------------------------------------------------------------------
 // Checks
 
-const KNOWN_CODES = new Set(['CREATEOS_CANCELLED', 'CREATEOS_ERROR'])
+// CREATEOS_NOT_STARTED: a gate upload refused (e.g. a 500 on putFile) — the command never ran,
+// and its process was ended and proven gone.
+const KNOWN_CODES = new Set(['CREATEOS_CANCELLED', 'CREATEOS_ERROR', 'CREATEOS_NOT_STARTED'])
 const KNOWN_MESSAGES = new Set([
   'CreateOS command was cancelled.',
+  'CreateOS command did not start; its start gate could not be opened.',
   'CreateOS connection failed.',
   'CreateOS answered with a redirect, which is refused.',
   'CreateOS returned invalid JSON.',
