@@ -283,10 +283,11 @@ test('holdHeaders: the command starts without waiting for a heartbeat, output ex
   const reqs = ctx.requests()
   assert.deepEqual(kinds(reqs), ['createProcess', 'connect', 'putFile'])
   const [, connect, gate] = reqs
-  assert.ok(gate.atMs >= connect.atMs, 'the gate went after the connect request')
-  // The gate was written (its answer produced) before the first heartbeat would have gone
-  // out: the stream's headers, held until the first frame, were not waited for.
-  assert.ok(gate.atMs + gate.durationMs < connect.atMs + heartbeatMs, JSON.stringify(reqs))
+  // The gate's request went out beside the creation; its content only after the connect
+  // request, and well before the first heartbeat would have gone out: the stream's
+  // headers, held until the first frame, were not waited for.
+  assert.ok(gate.receivedMs >= connect.receivedMs, 'the gate\'s content went after the connect request')
+  assert.ok(gate.receivedMs < connect.atMs + heartbeatMs, JSON.stringify(reqs))
   assert.ok(tookMs < heartbeatMs, `the call took ${tookMs} ms, a heartbeat interval`)
 })
 

@@ -43,10 +43,19 @@ export interface EmulatorRequest {
   query: string
   /** Route name, e.g. `createProcess`, `connect`, `deleteProcess`. */
   route: string
-  /** Status sent; 0 when the connection was dropped without a response. */
+  /** Status sent; 0 when none was (a dropped connection, or a body that never arrived). */
   status: number
-  /** Arrival time, ms since the emulator started. */
+  /**
+   * Arrival time of the head, ms since the emulator started. The log is in the order of
+   * `receivedMs`.
+   */
   atMs: number
+  /**
+   * When the whole request (head and body) had arrived; `null` when its body never
+   * arrived in full (the client abandoned it, e.g. a start gate held back and then
+   * dropped): such a request was not handled, and its status is 0.
+   */
+  receivedMs: number | null
   /** Time until the response head was produced (streams: not their whole duration). */
   durationMs: number
   /** `"HTTP/1.1"` or `"HTTP/2.0"`. */

@@ -48,8 +48,16 @@ export interface EmulatorRequest {
   query: string
   /** Route name, e.g. `createProcess`, `connect`, `deleteProcess` (see README, "Faults"). */
   route: string
+  /** Status sent; 0 when none was (a dropped connection, or a body that never arrived in full). */
   status: number
+  /** When the request's head arrived, ms since the emulator started. */
   atMs: number
+  /**
+   * When the whole request (head and body) had arrived. The log is in this order: a request
+   * whose body is held back (the start gate's upload) is listed once its body arrived.
+   * `null`: the body never arrived in full (the client abandoned the upload); not handled.
+   */
+  receivedMs: number | null
   durationMs: number
   /** The HTTP version the request arrived with: `"HTTP/1.1"` or `"HTTP/2.0"`. */
   httpVersion: string

@@ -12,7 +12,7 @@ pub struct Emulator {
 }
 
 /// One HTTP request as the emulator saw it.
-#[napi(object)]
+#[napi(object, use_nullable = true)]
 pub struct EmulatorRequest {
     pub method: String,
     /// Path only, without the query.
@@ -21,10 +21,15 @@ pub struct EmulatorRequest {
     pub query: String,
     /// Route name, e.g. `createProcess`, `connect`, `deleteProcess`.
     pub route: String,
-    /// Status sent; 0 when the connection was dropped without a response.
+    /// Status sent; 0 when none was (a dropped connection, or a body that never arrived).
     pub status: u32,
-    /// Arrival time, ms since the emulator started.
+    /// Arrival time of the head, ms since the emulator started. The log is in the order of
+    /// `receivedMs`.
     pub at_ms: f64,
+    /// When the whole request (head and body) had arrived; `null` when its body never
+    /// arrived in full (the client abandoned it, e.g. a start gate held back and then
+    /// dropped): such a request was not handled, and its status is 0.
+    pub received_ms: Option<f64>,
     /// Time until the response head was produced (streams: not their whole duration).
     pub duration_ms: f64,
     /// `"HTTP/1.1"` or `"HTTP/2.0"`.
@@ -42,6 +47,7 @@ impl From<emulator::RequestRecord> for EmulatorRequest {
             route: r.route.to_owned(),
             status: u32::from(r.status),
             at_ms: r.at_ms,
+            received_ms: r.received_ms,
             duration_ms: r.duration_ms,
             http_version: r.http_version.to_owned(),
             #[allow(clippy::cast_precision_loss)] // connection counts stay far below 2^53

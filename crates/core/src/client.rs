@@ -12,6 +12,7 @@
 //! - 502, 504 and failed connections only for GET/PUT/DELETE (idempotent), and never for
 //!   streams, whose reconnects `follow.rs` owns.
 
+use std::future::Future;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -304,7 +305,26 @@ impl Client {
         retry: Retry,
         timeout: Option<Duration>,
     ) -> (Result<reqwest::Response>, bool) {
-        let mut attempt = 0;
+        self.send_tracked_from(op, method, path, body, ctx, retry, timeout, 0, &mut || {}).await
+    }
+
+    /// [`Client::send_tracked`] when `attempts_done` attempts of the same request were
+    /// already made (they count against [`MAX_RETRIES`]); `on_send` is called each time an
+    /// attempt, past the pacer, is handed to the connection.
+    #[allow(clippy::too_many_arguments)]
+    async fn send_tracked_from(
+        &self,
+        op: Operation,
+        method: Method,
+        path: &str,
+        body: Body,
+        ctx: &Ctx,
+        retry: Retry,
+        timeout: Option<Duration>,
+        attempts_done: u32,
+        on_send: &mut (dyn FnMut() + Send),
+    ) -> (Result<reqwest::Response>, bool) {
+        let mut attempt = attempts_done;
         let mut maybe_applied = false;
         loop {
             let paced = self.events.as_ref().map(|_| Instant::now());
@@ -312,6 +332,7 @@ impl Client {
                 return (Err(e), maybe_applied);
             }
             let sent = Instant::now();
+            on_send();
             let result = self.transmit(op, &method, path, &body, ctx, timeout).await;
             self.observe(op, &method, attempt + 1, (paced, sent), result.as_ref().map(|r| r.status().as_u16()));
             let err = match result {
@@ -377,7 +398,22 @@ impl Client {
         body: Body,
         ctx: &Ctx,
     ) -> Result<reqwest::Response> {
-        self.send(op, method, path, body, ctx, Retry::RateLimitOnly, Some(self.request_timeout)).await
+        self.open_stream_notify(op, method, path, body, ctx, &mut || {}).await
+    }
+
+    /// [`Client::open_stream`], calling `on_send` when the request (past the pacer) is handed
+    /// to the connection.
+    pub async fn open_stream_notify(
+        &self,
+        op: Operation,
+        method: Method,
+        path: &str,
+        body: Body,
+        ctx: &Ctx,
+        on_send: &mut (dyn FnMut() + Send),
+    ) -> Result<reqwest::Response> {
+        let timeout = Some(self.request_timeout);
+        self.send_tracked_from(op, method, path, body, ctx, Retry::RateLimitOnly, timeout, 0, on_send).await.0
     }
 
     /// Uploads `bytes` to `path` inside the sandbox (PUT /files).
@@ -388,9 +424,22 @@ impl Client {
     /// [`Client::put_file`], and whether a failed upload may still have been written (see
     /// [`Client::send_tracked`]).
     pub async fn put_file_tracked(&self, sandbox_id: &str, path: &str, bytes: Bytes, ctx: &Ctx) -> (Result<()>, bool) {
+        self.put_file_after(sandbox_id, path, bytes, ctx, 0).await
+    }
+
+    /// [`Client::put_file_tracked`] after `attempts_done` attempts of the same upload (a
+    /// held one: [`Client::put_file_held`]).
+    pub async fn put_file_after(
+        &self,
+        sandbox_id: &str,
+        path: &str,
+        bytes: Bytes,
+        ctx: &Ctx,
+        attempts_done: u32,
+    ) -> (Result<()>, bool) {
         let query: String = url::form_urlencoded::Serializer::new(String::new()).append_pair("path", path).finish();
         let (resp, maybe_applied) = self
-            .send_tracked(
+            .send_tracked_from(
                 Operation::FileTransfer,
                 Method::PUT,
                 &format!("/sandboxes/{sandbox_id}/files?{query}"),
@@ -398,10 +447,136 @@ impl Client {
                 ctx,
                 Retry::Safe,
                 Some(self.request_timeout),
+                attempts_done,
+                &mut || {},
             )
             .await;
         (resp.map(drop), maybe_applied)
     }
+
+    /// Uploads `content` to `path` in two steps: the request (paced, head and connection)
+    /// goes out now, its content only when `release` fires. So a connection is opened, or
+    /// taken from the pool, ahead of the moment the content must arrive, and the upload then
+    /// costs half a round trip. Dropping `release` (or this future) abandons the upload
+    /// before any content was sent: a server that writes uploads as they stream keeps at most
+    /// an empty file. One attempt, no retries (the body cannot be replayed): the caller
+    /// falls back to [`Client::put_file_tracked`]. Only the pacer wait and the caller's abort
+    /// bound this future; the caller bounds the wait for the answer once it released.
+    pub async fn put_file_held(
+        &self,
+        sandbox_id: &str,
+        path: &str,
+        content: Bytes,
+        release: tokio::sync::oneshot::Receiver<()>,
+        ctx: &Ctx,
+    ) -> HeldUpload {
+        let op = Operation::FileTransfer;
+        let query: String = url::form_urlencoded::Serializer::new(String::new()).append_pair("path", path).finish();
+        let url = format!("{}/sandboxes/{sandbox_id}/files?{query}", self.base);
+        let paced = self.events.as_ref().map(|_| Instant::now());
+        if self.pacer.acquire(ctx).await.is_err() {
+            return HeldUpload::Unsent { attempted: false };
+        }
+        let Ok(key) = self.key_header() else { return HeldUpload::Unsent { attempted: false } };
+        let sent = Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let body = HeldBody { len: content.len() as u64, content: Some(content), release, sent: Arc::clone(&sent) };
+        let req = self
+            .http
+            .request(Method::PUT, url)
+            .header("X-Api-Key", key)
+            .header(CONTENT_TYPE, "application/octet-stream")
+            .body(reqwest::Body::wrap(body));
+        let started = Instant::now();
+        let result = ctx
+            .run(async {
+                let resp = req.send().await.map_err(|e| send_error(&e, op))?;
+                let status = resp.status();
+                if status.is_success() {
+                    return Ok(());
+                }
+                if status.is_redirection() {
+                    return Err(Error::Redirect { op });
+                }
+                if status == StatusCode::TOO_MANY_REQUESTS {
+                    let wait = retry_after(&resp).unwrap_or(DEFAULT_RETRY_AFTER).min(MAX_RETRY_AFTER);
+                    self.pacer.pause(wait).await;
+                }
+                Err(Error::Api { status: status.as_u16(), op })
+            })
+            .await;
+        self.observe(op, &Method::PUT, 1, (paced, started), result.as_ref().map(|()| 200));
+        if !sent.load(std::sync::atomic::Ordering::SeqCst) {
+            return HeldUpload::Unsent { attempted: true };
+        }
+        let maybe_written = match &result {
+            Ok(()) => true,
+            Err(Error::Api { status, .. }) => matches!(status, 502 | 504),
+            Err(Error::Connection { maybe_sent, .. }) => *maybe_sent,
+            Err(Error::UntrustedCertificate { .. } | Error::Redirect { .. } | Error::Input(_) | Error::Internal(_)) => {
+                false
+            }
+            Err(_) => true,
+        };
+        HeldUpload::Sent(result, maybe_written)
+    }
+}
+
+/// How a held upload ([`Client::put_file_held`]) ended.
+#[derive(Debug)]
+pub enum HeldUpload {
+    /// It ended before its content was released (an early answer, a lost connection, an
+    /// abort): the content was never sent, so nothing can have been written. `attempted`:
+    /// the request went out (it counts against the retry budget of the upload that follows).
+    Unsent { attempted: bool },
+    /// The content was sent: the answer, and whether a failed upload may have been written.
+    Sent(Result<()>, bool),
+}
+
+/// The body of a held upload: nothing until `release` fires, then its content, then the end.
+/// Its exact size is known up front, so the request head carries `Content-Length` and the
+/// server does not consider the upload complete before the content arrives.
+struct HeldBody {
+    content: Option<Bytes>,
+    release: tokio::sync::oneshot::Receiver<()>,
+    sent: Arc<std::sync::atomic::AtomicBool>,
+    len: u64,
+}
+
+impl http_body::Body for HeldBody {
+    type Data = Bytes;
+    type Error = std::io::Error;
+
+    fn poll_frame(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Option<std::result::Result<http_body::Frame<Bytes>, std::io::Error>>> {
+        use std::task::Poll;
+        if self.content.is_none() {
+            return Poll::Ready(None);
+        }
+        match std::pin::Pin::new(&mut self.release).poll(cx) {
+            Poll::Pending => Poll::Pending,
+            Poll::Ready(Ok(())) => {
+                self.sent.store(true, std::sync::atomic::Ordering::SeqCst);
+                Poll::Ready(self.content.take().map(|b| Ok(http_body::Frame::data(b))))
+            }
+            // Never released: the upload is abandoned without its content.
+            Poll::Ready(Err(_)) => Poll::Ready(Some(Err(std::io::Error::other("upload abandoned")))),
+        }
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.content.is_none()
+    }
+
+    fn size_hint(&self) -> http_body::SizeHint {
+        http_body::SizeHint::with_exact(self.len)
+    }
+}
+
+/// Whether a failed upload may be sent again (the retry rules of the module doc, for PUT).
+pub fn upload_retryable(err: &Error) -> bool {
+    retryable(err, &Method::PUT, Retry::Safe)
 }
 
 /// A failed send: an untrusted certificate (nothing was sent), or a lost connection.

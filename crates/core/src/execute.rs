@@ -1,16 +1,19 @@
 //! The orchestration of one command, and the other entry points the binding exposes.
 //!
 //! `execute` (managed process), in round trips:
-//! 1. stage stdin as a file (PUT /files), if there is stdin, while
+//! 1. stage stdin as a file (PUT /files), if there is stdin, and send the start gate's upload
+//!    with its one byte held back (`Client::put_file_held`), while
 //! 2. creating `/bin/bash -lc <script>` (POST /processes); the script waits for a start gate;
 //! 3. follow `connect?after=<cursor>`; once attached (headers received, or one measured round
-//!    trip after the connect request started, see [`GATE_FALLBACK_MAX`]), upload the gate;
+//!    trip after the connect request was handed over, see [`GATE_FALLBACK_MAX`]), release the
+//!    gate's byte;
 //! 4. on the exit frame: done (the script already removed the gate and the staged stdin).
 //!
 //! So a warm command costs about three round trips plus the command: create, connect (its
-//! headers), and the gate's upload with the first output coming back. On HTTP/2 every request
+//! headers), and the gate's byte with the first output coming back. On HTTP/2 every request
 //! is a stream of one connection; on HTTP/1.1 the stream holds one connection and the gate
-//! takes another, kept warm in the pool from the previous command (`net::POOL_IDLE`).
+//! has another: warm in the pool from the previous command (`net::POOL_IDLE`), or, on a cold
+//! start, opened in parallel with the creation's, because the gate's request went out then.
 //!
 //! On every other path the process is terminated and proven gone (`cleanup.rs`, under a fresh
 //! deadline) and staged files are removed. An abort is acted on at once: a timeout resolves a
@@ -27,7 +30,7 @@ use tokio::sync::{mpsc, oneshot};
 
 use crate::abort::{Abort, Ctx};
 use crate::cleanup::{self, Steps};
-use crate::client::{self, Body, Client};
+use crate::client::{self, Body, Client, HeldUpload};
 use crate::config::{Config, Leftover, Params};
 use crate::error::{CleanupReason, Error, Operation, Result, PANIC};
 use crate::follow::{self, Followed, Sink};
@@ -77,13 +80,21 @@ struct Progress {
     completed: bool,
 }
 
-/// Writes followed output into the capture and reports the first attach.
+/// Writes followed output into the capture and reports the first connect request and the
+/// first attach.
 struct CaptureSink<'a> {
     output: &'a mut Output,
+    sending: Option<oneshot::Sender<()>>,
     connected: Option<oneshot::Sender<()>>,
 }
 
 impl Sink for CaptureSink<'_> {
+    fn sending(&mut self) {
+        if let Some(tx) = self.sending.take() {
+            let _ = tx.send(());
+        }
+    }
+
     async fn connected(&mut self) {
         if let Some(tx) = self.connected.take() {
             let _ = tx.send(());
@@ -231,8 +242,16 @@ async fn run_managed(
         let r = client.create_process(sb, json!({ "cmd": "/bin/bash", "args": ["-lc", script] }), ctx).await;
         (r, started.elapsed())
     };
+    // The gate's request goes out now, beside the creation, and holds its content until the
+    // stream is attached (`open_gate`): its connection is ready when the gate must open. It
+    // is polled in every phase below; dropping it before the release abandons it unsent.
+    let (release, release_rx) = oneshot::channel();
+    let held = client.put_file_held(sb, gate_path, Bytes::from_static(script::GATE_CONTENT), release_rx, ctx);
+    let mut held = std::pin::pin!(held);
+    let mut held_early = None;
     // Both are awaited to the end (never one dropped half-way), so what each did is known.
-    let (staged, ((created, maybe_created), create_rtt)) = tokio::join!(stage, create);
+    let (staged, ((created, maybe_created), create_rtt)) =
+        beside(async { tokio::join!(stage, create) }, held.as_mut(), &mut held_early).await;
     progress.creation_ambiguous = maybe_created;
     let created = created?;
     let pid = match created.get("process_id").and_then(Value::as_str) {
@@ -247,14 +266,16 @@ async fn run_managed(
     hooks::panic_at(cfg.panic_at, Phase::Create);
 
     // 3: follow, and open the gate once attached (see `open_gate`).
+    let (sending_tx, sending) = oneshot::channel();
     let (tx, rx) = oneshot::channel();
-    let mut sink = CaptureSink { output, connected: Some(tx) };
+    let mut sink = CaptureSink { output, sending: Some(sending_tx), connected: Some(tx) };
     let followed: Followed = {
-        // Polled first by `try_join!`, so the connect request takes its pacer slot before
-        // the gate's: the gate is never sent before the connect request.
+        // Polled first by `try_join!`: the connect request goes out before the gate's
+        // content can (that waits for the attach, or the fallback after this request started).
         let following = follow::follow(client, sb, &pid, ctx, &mut sink, &cfg.follow);
         let fallback = create_rtt.clamp(GATE_FALLBACK_MIN, GATE_FALLBACK_MAX);
-        let gate = open_gate(client, sb, gate_path, ctx, cfg.timeout, fallback, rx);
+        let held = HeldGate { release, upload: held.as_mut(), early: held_early };
+        let gate = open_gate(client, sb, gate_path, ctx, cfg.timeout, fallback, (sending, rx), held);
         let (followed, ()) = tokio::try_join!(following, gate)?;
         followed
     };
@@ -298,30 +319,107 @@ async fn run_managed(
 pub const GATE_FALLBACK_MIN: Duration = Duration::from_millis(10);
 pub const GATE_FALLBACK_MAX: Duration = Duration::from_millis(100);
 
-/// Opens the start gate (an empty file) once the stream is attached, or `fallback` after the
-/// connect request started (see [`GATE_FALLBACK_MAX`]), whichever is first. The upload has a deadline of
-/// `timeout` (the script itself gives up `timeout + 60 s` after it started): a gate that could
-/// not be opened is [`Error::NotStarted`] when no attempt can have written it, the upload's own
-/// error otherwise (then the command may have started).
-async fn open_gate(
+/// Runs `main` to its end while also polling `side`, whose output (if it finishes first) is
+/// kept in `side_out`; `side` is not polled again once it finished.
+async fn beside<F: std::future::Future, G: std::future::Future>(
+    main: F,
+    mut side: std::pin::Pin<&mut G>,
+    side_out: &mut Option<G::Output>,
+) -> F::Output {
+    let mut main = std::pin::pin!(main);
+    loop {
+        tokio::select! {
+            biased;
+            out = &mut main => return out,
+            o = side.as_mut(), if side_out.is_none() => *side_out = Some(o),
+        }
+    }
+}
+
+/// The gate's upload, sent ahead with its content held (see [`Client::put_file_held`]).
+struct HeldGate<'a, G: std::future::Future<Output = HeldUpload>> {
+    release: oneshot::Sender<()>,
+    upload: std::pin::Pin<&'a mut G>,
+    /// Its outcome, when it ended before the release (then nothing was written).
+    early: Option<HeldUpload>,
+}
+
+/// Opens the start gate once the stream is attached, or `fallback` after the connect request
+/// was handed over past the pacer (see [`GATE_FALLBACK_MAX`]), whichever is first: it releases the content of the
+/// held upload, which costs half a round trip on a connection that is already open. When the
+/// held upload ended unsent (an early answer or a lost connection), or failed in a way the
+/// retry rules retry, a plain upload takes over within the same retry budget. The wait for
+/// the answer has a deadline of `timeout` (the script itself gives up `timeout + 60 s` after
+/// it started): a gate that could not be opened is [`Error::NotStarted`] when no attempt can
+/// have written it, the upload's own error otherwise (then the command may have started).
+#[allow(clippy::too_many_arguments)]
+async fn open_gate<G: std::future::Future<Output = HeldUpload>>(
     client: &Client,
     sb: &str,
     gate_path: &str,
     ctx: &Ctx,
     timeout: Duration,
     fallback: Duration,
-    attached: oneshot::Receiver<()>,
+    (sending, mut attached): (oneshot::Receiver<()>, oneshot::Receiver<()>),
+    mut held: HeldGate<'_, G>,
 ) -> Result<()> {
-    let attached = tokio::select! {
-        r = attached => r.is_ok(),
-        () = tokio::time::sleep(fallback) => true,
+    let wait = async {
+        // The fallback counts from when the connect request was handed over (after its
+        // pacer wait), never from before: the gate never opens ahead of that request.
+        tokio::select! {
+            biased;
+            r = &mut attached => return r.is_ok(),
+            s = sending => {
+                if s.is_err() {
+                    // Following ended before sending anything.
+                    return false;
+                }
+            }
+        }
+        tokio::select! {
+            r = attached => r.is_ok(),
+            () = tokio::time::sleep(fallback) => true,
+        }
     };
+    let attached = beside(wait, held.upload.as_mut(), &mut held.early).await;
     if !attached {
-        // Following ended without ever attaching: `try_join!` already has its error.
+        // Following ended without ever attaching: `try_join!` already has its error. The
+        // held upload is abandoned unsent when the caller drops it.
         return Ok(());
     }
     let gate_ctx = Ctx { abort: ctx.abort.clone(), deadline: Some(tokio::time::Instant::now() + timeout) };
-    match client.put_file_tracked(sb, gate_path, Bytes::new(), &gate_ctx).await {
+    let outcome = match held.early.take() {
+        Some(early) => Ok(early),
+        None => {
+            // A failed send means the upload already ended: polling it tells how.
+            let _ = held.release.send(());
+            gate_ctx.run(async { Ok(held.upload.as_mut().await) }).await
+        }
+    };
+    let content = || Bytes::from_static(script::GATE_CONTENT);
+    let (result, maybe_written) = match outcome {
+        Ok(HeldUpload::Sent(Ok(()), _)) => return Ok(()),
+        Ok(HeldUpload::Sent(Err(e), maybe)) if !client::upload_retryable(&e) || ctx.abort.is_aborted() => {
+            (Err(e), maybe)
+        }
+        Ok(HeldUpload::Sent(Err(e), maybe)) => {
+            // 429 already paused the pacer; other retryable failures back off first.
+            let backoff = if matches!(e, Error::Api { status: 429, .. }) { Duration::ZERO } else { RETRY_BACKOFF };
+            match gate_ctx.sleep(backoff).await {
+                Ok(()) => {
+                    let (r, m) = client.put_file_after(sb, gate_path, content(), &gate_ctx, 1).await;
+                    (r, m || maybe)
+                }
+                Err(abort) => (Err(abort), maybe),
+            }
+        }
+        Ok(HeldUpload::Unsent { attempted }) => {
+            client.put_file_after(sb, gate_path, content(), &gate_ctx, u32::from(attempted)).await
+        }
+        // The deadline or the abort came while the content was on its way.
+        Err(e) => (Err(e), true),
+    };
+    match (result, maybe_written) {
         (Ok(()), _) => Ok(()),
         (Err(e), _) if ctx.abort.is_aborted() => Err(e),
         (Err(_), false) => Err(Error::NotStarted),
@@ -330,6 +428,9 @@ async fn open_gate(
         (Err(e), true) => Err(e),
     }
 }
+
+/// The pause before a failed held gate upload is sent again (as `Client::send` backs off).
+const RETRY_BACKOFF: Duration = Duration::from_millis(200);
 
 /// Runs one command through `/exec?stream=true` (no reconnect, no process id: a dropped
 /// stream cannot be resumed).

@@ -42,6 +42,8 @@ pub const SEQUENCE_GAP: &str = "CreateOS process output has a sequence gap.";
 
 /// Where followed output goes.
 pub trait Sink: Send {
+    /// A connect request, past the pacer, is being handed to the connection.
+    fn sending(&mut self) {}
     /// The stream is attached (called on every successful connect; waiting here slows the
     /// reader, so an event is never dropped).
     fn connected(&mut self) -> impl Future<Output = ()> + Send;
@@ -220,12 +222,13 @@ async fn connect_once(
     opts: &FollowOptions,
 ) -> Result<Attempt> {
     let opened = client
-        .open_stream(
+        .open_stream_notify(
             Operation::OutputConnection,
             Method::GET,
             &format!("{base}/connect?after={cursor}"),
             Body::Empty,
             ctx,
+            &mut || sink.sending(),
         )
         .await;
     match opened {

@@ -10,6 +10,11 @@
 //! the process is being created, and opens the gate only once that upload succeeded, so the
 //! script never reads a file that is missing or half written.
 //!
+//! The gate is open when its file has content ([`GATE_CONTENT`], `[ -s gate ]`), not merely
+//! when it exists: `execute` sends the gate's request ahead and its content only once the
+//! stream is attached (see `Client::put_file_held`), and a server that creates a file as an
+//! upload starts streaming, or keeps an abandoned upload's empty file, must not open it.
+//!
 //! The gate wait is quiet: it blocks in bash's builtin `read -t` on the process's own stdin
 //! pipe (which CreateOS keeps open and we never write to), so it spawns nothing. If stdin is
 //! not a pipe that blocks (EOF at once), it falls back to `sleep` with a backoff to 0.25 s.
@@ -20,6 +25,9 @@ use crate::error::{Error, Result};
 pub const NUL_IN_VALUE: &str = "Sandbox command values cannot contain NUL.";
 pub const COMMAND_REQUIRED: &str = "A sandbox command is required.";
 pub const INVALID_ENV: &str = "Invalid sandbox environment variable.";
+
+/// What the gate file holds once it is open (one byte: it arrives whole or not at all).
+pub const GATE_CONTENT: &[u8] = b"1";
 
 /// Exit status of a script whose start gate never opened.
 pub const GATE_TIMEOUT_EXIT: i32 = 125;
@@ -97,9 +105,10 @@ pub fn command_script(cmd: &Command<'_>, gate: Option<&Gate<'_>>) -> Result<Stri
         let remove_stdin = stdin_q.as_ref().map(|s| format!("rm -f -- {s}; ")).unwrap_or_default();
         lines.push(format!("__cos_end=$((SECONDS+{}))", g.timeout_s.max(1)));
         lines.push("__cos_nap=0.01".into());
-        lines.push(format!("while [ ! -e {gate_q} ]; do"));
-        lines
-            .push(format!("  if [ \"$SECONDS\" -ge \"$__cos_end\" ]; then {remove_stdin}exit {GATE_TIMEOUT_EXIT}; fi"));
+        lines.push(format!("while [ ! -s {gate_q} ]; do"));
+        lines.push(format!(
+            "  if [ \"$SECONDS\" -ge \"$__cos_end\" ]; then {remove_stdin}rm -f -- {gate_q}; exit {GATE_TIMEOUT_EXIT}; fi"
+        ));
         lines.push("  read -r -t 0.02 __cos_x 2>/dev/null".into());
         lines.push("  if [ $? -le 128 ]; then sleep \"$__cos_nap\"; case $__cos_nap in 0.01) __cos_nap=0.05;; 0.05) __cos_nap=0.25;; esac; fi".into());
         lines.push("done".into());
@@ -200,7 +209,11 @@ mod tests {
             .unwrap();
         std::thread::sleep(std::time::Duration::from_millis(150));
         assert!(child.try_wait().unwrap().is_none(), "must wait for the gate");
+        // An empty gate file (an upload whose content has not arrived) does not open it.
         std::fs::write(&gate, "").unwrap();
+        std::thread::sleep(std::time::Duration::from_millis(150));
+        assert!(child.try_wait().unwrap().is_none(), "an empty gate must not open");
+        std::fs::write(&gate, GATE_CONTENT).unwrap();
         let out = child.wait_with_output().unwrap();
         assert_eq!(String::from_utf8(out.stdout).unwrap(), "from stdin\n");
         assert!(!gate.exists() && !stdin.exists());
@@ -215,6 +228,7 @@ mod tests {
         std::fs::write(&stdin, "x").unwrap();
         let c = Command { command: "true", args: &[], cwd: None, env: &[] };
         let gate = dir.join("gate");
+        std::fs::write(&gate, "").unwrap();
         let g = Gate { gate_path: gate.to_str().unwrap(), stdin_path: Some(stdin.to_str().unwrap()), timeout_s: 1 };
         // stdin at EOF: the sleep fallback path.
         let out = Proc::new("/bin/bash")
@@ -225,6 +239,7 @@ mod tests {
             .unwrap();
         assert_eq!(out.status.code(), Some(GATE_TIMEOUT_EXIT));
         assert!(!stdin.exists());
+        assert!(!gate.exists(), "an abandoned (empty) gate file is removed too");
         std::fs::remove_dir_all(&dir).ok();
     }
 }

@@ -84,10 +84,15 @@ async fn held_headers_do_not_hold_the_command_until_a_heartbeat() {
         let reqs = emu.requests();
         let routes: Vec<&str> = reqs.iter().map(|r| r.route).collect();
         assert_eq!(routes, ["createProcess", "connect", "putFile"]);
-        // The gate was written long before the first heartbeat would have been sent.
-        let gate_done = reqs[2].at_ms + reqs[2].duration_ms;
-        assert!(gate_done < reqs[1].at_ms + 20_000.0, "{reqs:?}");
-        assert!(reqs[2].at_ms >= reqs[1].at_ms, "the gate went after the connect request: {reqs:?}");
+        // The gate was written long before the first heartbeat would have been sent, and its
+        // content (its request went out beside the creation) after the connect request.
+        let (gate, connect) = (&reqs[2], &reqs[1]);
+        let gate_received = gate.received_ms.unwrap();
+        assert!(gate_received < connect.at_ms + 20_000.0, "{reqs:?}");
+        assert!(
+            gate_received >= connect.received_ms.unwrap(),
+            "the gate's content went after the connect request: {reqs:?}"
+        );
     })
     .await;
 }
@@ -165,6 +170,39 @@ async fn stalled_log_consumers_do_not_stall_other_commands_on_the_same_h2_connec
             assert!(r.timed_out);
         }
         assert_nothing_alive(&emu).await;
+    })
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_gate_stuck_behind_a_saturated_pacer_never_runs_the_command_and_the_process_is_ended() {
+    with_emulator(unlimited(), |emu| async move {
+        let sb = emu.create_sandbox_now();
+        // Two requests per 2.5 s: the creation and the gate's (held) upload take both slots,
+        // so the connect request, and with it the gate's content, waits past the timeout.
+        let c = cfg(&emu, json!({ "pacing": { "limit": 2, "windowMs": 2500, "store": false } }));
+        let marker = format!("/tmp/createos-never-{}", std::process::id());
+        let script = format!("echo ran > {marker}");
+        let abort = Abort::new();
+        let a = abort.clone();
+        tokio::spawn(async move {
+            tokio::time::sleep(Duration::from_millis(800)).await;
+            a.abort(true);
+        });
+        let r = execute(&c, &params(&sb, &script, None), abort, None).await.unwrap();
+        // The caller's timeout fired before the command could start: a timeout with no
+        // output, never an exit status of the command (no 125 from the gate's own wait).
+        assert!(r.timed_out, "{r:?}");
+        assert_eq!((r.exit_code, r.stdout.as_str()), (None, ""));
+        assert_nothing_alive(&emu).await;
+        let reqs = emu.requests();
+        let handled: Vec<&str> = reqs.iter().filter(|r| r.received_ms.is_some()).map(|r| r.route).collect();
+        assert_eq!(&handled[..2], ["createProcess", "deleteProcess"], "{reqs:?}");
+        assert!(!handled.contains(&"connect"), "{handled:?}");
+        let gates: Vec<_> = reqs.iter().filter(|r| r.route == "putFile").collect();
+        assert!(gates.iter().all(|g| g.received_ms.is_none()), "the gate's content never went out: {gates:?}");
+        // The emulator's /tmp is the host's.
+        assert!(!std::path::Path::new(&marker).exists(), "the command never ran");
     })
     .await;
 }

@@ -182,10 +182,15 @@ pub struct RequestRecord {
     /// Raw query string without `?` (empty when none).
     pub query: String,
     pub route: &'static str,
-    /// Status sent; 0 when the connection was dropped without a response.
+    /// Status sent; 0 when none was (a dropped connection, or a body that never arrived).
     pub status: u16,
-    /// Arrival time, ms since the emulator started.
+    /// Arrival time of the head, ms since the emulator started. The log is in the order of
+    /// `received_ms`.
     pub at_ms: f64,
+    /// When the whole request (head and body) had arrived, ms since the emulator started;
+    /// `None` when its body never arrived in full (the client abandoned it): such a request
+    /// was not handled.
+    pub received_ms: Option<f64>,
     /// Time until the response head was produced (streams: not their whole duration).
     pub duration_ms: f64,
     /// `"HTTP/1.1"` or `"HTTP/2.0"` (as the request arrived).

@@ -195,31 +195,49 @@ async fn dispatch(
     req: Request,
 ) -> Response {
     let arrival = Instant::now();
+    let at_ms = inner.now_ms();
     let (parts, body) = req.into_parts();
     let mut rm = classify(&parts.method, parts.uri.path());
-    let slot = push_record(
-        &inner,
-        RequestRecord {
-            method: parts.method.as_str().to_string(),
-            path: parts.uri.path().to_string(),
-            query: parts.uri.query().unwrap_or("").to_string(),
-            route: rm.name,
-            status: 0,
-            at_ms: inner.now_ms(),
-            duration_ms: 0.0,
-            http_version: version_name(parts.version),
-            connection: conn.id,
+    let record = |route, received_ms| RequestRecord {
+        method: parts.method.as_str().to_string(),
+        path: parts.uri.path().to_string(),
+        query: parts.uri.query().unwrap_or("").to_string(),
+        route,
+        status: 0,
+        at_ms,
+        received_ms,
+        duration_ms: 0.0,
+        http_version: version_name(parts.version),
+        connection: conn.id,
+    };
+    // The head is checked as it arrives (key, rate limit); the request enters the log once
+    // it has arrived in full, so the log is in the order the server received requests.
+    let mut incomplete = false;
+    let (slot, result) = match head_check(&inner, &parts) {
+        Some(resp) => (push_record(&inner, record(rm.name, Some(at_ms))), Some(resp)),
+        None => match axum::body::to_bytes(body, MAX_BODY).await {
+            Ok(body) => {
+                let slot = push_record(&inner, record(rm.name, Some(inner.now_ms())));
+                (slot, front(&inner, &parts, body, &mut rm).await)
+            }
+            // The body never arrived in full (the client gave up on it, or it is too large):
+            // logged with `received_ms: None`, nothing handled.
+            Err(_) => {
+                incomplete = true;
+                let slot = push_record(&inner, record(rm.name, None));
+                (slot, Some(fail(StatusCode::BAD_REQUEST, json!({"body":"incomplete or too large"}))))
+            }
         },
-    );
+    };
     let request_id = format!("req_{}", uuid::Uuid::new_v4().simple());
-    let result = front(&inner, &parts, body, &mut rm).await;
     let elapsed = arrival.elapsed().as_secs_f64() * 1000.0;
     match result {
         Some(mut resp) => {
             if let Ok(v) = HeaderValue::from_str(&request_id) {
                 resp.headers_mut().insert("x-request-id", v);
             }
-            finish_record(&inner, slot, rm.name, resp.status().as_u16(), elapsed);
+            let status = if incomplete { 0 } else { resp.status().as_u16() };
+            finish_record(&inner, slot, rm.name, status, elapsed);
             resp
         }
         None => {
@@ -230,13 +248,8 @@ async fn dispatch(
     }
 }
 
-/// `None` = drop the connection without a response.
-async fn front(
-    inner: &Arc<Inner>,
-    parts: &axum::http::request::Parts,
-    body: Body,
-    rm: &mut RouteMatch,
-) -> Option<Response> {
+/// The checks made on a request's head: the key, then the rate limit.
+fn head_check(inner: &Inner, parts: &axum::http::request::Parts) -> Option<Response> {
     let key = parts.headers.get("x-api-key").and_then(|v| v.to_str().ok()).unwrap_or("");
     if key.is_empty() || key != inner.api_key {
         return Some(fail(StatusCode::UNAUTHORIZED, json!({"auth":"invalid api key"})));
@@ -246,9 +259,16 @@ async fn front(
         r.headers_mut().insert(header::RETRY_AFTER, HeaderValue::from(secs));
         return Some(r);
     }
-    let Ok(body) = axum::body::to_bytes(body, MAX_BODY).await else {
-        return Some(fail(StatusCode::PAYLOAD_TOO_LARGE, json!({"body":"unreadable or too large"})));
-    };
+    None
+}
+
+/// `None` = drop the connection without a response.
+async fn front(
+    inner: &Arc<Inner>,
+    parts: &axum::http::request::Parts,
+    body: Bytes,
+    rm: &mut RouteMatch,
+) -> Option<Response> {
     let query = query_map(&parts.uri);
     if rm.name == "exec" {
         let body_stream = serde_json::from_slice::<Value>(&body)

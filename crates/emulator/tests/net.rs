@@ -186,8 +186,11 @@ async fn rtt_delays_plain_http_by_its_round_trips() {
         let c = client(&emu, false);
         // Fresh connection: handshake + request/response = 2 round trips at least.
         let t = Instant::now();
-        assert_eq!(get(&c, &emu, "/whoami").send().await.unwrap().status(), 200);
+        let r = get(&c, &emu, "/whoami").send().await.unwrap();
+        assert_eq!(r.status(), 200);
         let cold = t.elapsed();
+        // Read to the end, so the connection is back in the pool for the next request.
+        r.bytes().await.unwrap();
         assert!(cold >= 2 * RTT, "fresh connection took {cold:?}");
         // Reused connection: one round trip at least.
         let t = Instant::now();
