@@ -157,6 +157,9 @@ test('POST /processes 4xx is an ordinary API error, nothing to clean', async () 
   assert.equal(error.status, 400)
   assert.equal(error.message, 'CreateOS request failed (HTTP 400) during process creation.')
   assert.equal(kinds(ctx.requests()).includes('deleteProcess'), false)
+  // The gate's upload went out beside the creation and was abandoned before its byte: the
+  // emulator never received it in full, so no gate file was written.
+  for (const r of ctx.requests().filter((x) => kindOf(x) === 'putFile')) assert.equal(r.receivedMs, null, JSON.stringify(r))
 })
 
 test('the cleanup gets a fresh deadline the aborted signal cannot cut short', async () => {

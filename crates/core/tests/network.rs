@@ -206,3 +206,25 @@ async fn a_gate_stuck_behind_a_saturated_pacer_never_runs_the_command_and_the_pr
     })
     .await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn on_a_cold_http1_client_the_gate_request_goes_out_beside_the_creation() {
+    // 200 ms round trips make the order of arrivals certain: the creation's answer takes two
+    // (handshake, request), so the connect request cannot arrive before 2.5 round trips,
+    // while the gate's request (its own connection, opened at once) arrives after 1.5.
+    let opts = EmulatorOptions { rtt_ms: 200, http2: false, ..unlimited() };
+    with_emulator(opts, |emu| async move {
+        let sb = emu.create_sandbox_now();
+        let r = execute(&cfg(&emu, json!({})), &params(&sb, "echo hi", None), Abort::new(), None).await.unwrap();
+        assert_eq!((r.exit_code, r.stdout.as_str()), (Some(0), "hi\n"));
+        let reqs = emu.requests();
+        let routes: Vec<&str> = reqs.iter().map(|r| r.route).collect();
+        assert_eq!(routes, ["createProcess", "connect", "putFile"]);
+        let (create, connect, gate) = (&reqs[0], &reqs[1], &reqs[2]);
+        assert!(gate.at_ms < connect.at_ms, "the gate's request went out before the attach: {reqs:?}");
+        assert!(gate.received_ms.unwrap() >= connect.received_ms.unwrap(), "its byte after it: {reqs:?}");
+        assert_ne!(gate.connection, create.connection, "a connection of its own, opened beside the creation's");
+        assert_eq!(emu.connections(), 2);
+    })
+    .await;
+}
