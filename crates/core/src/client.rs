@@ -148,8 +148,22 @@ impl Client {
         timing: (Option<Instant>, Instant),
         answer: std::result::Result<u16, &Error>,
     ) {
-        let Some(sink) = &self.events else { return };
         let (paced, sent) = timing;
+        let pacing_wait = paced.map_or(Duration::ZERO, |p| sent.saturating_duration_since(p));
+        self.observe_timed(op, method, attempt, pacing_wait, sent.elapsed(), answer);
+    }
+
+    /// [`Client::observe`] with the two durations given.
+    fn observe_timed(
+        &self,
+        op: Operation,
+        method: &Method,
+        attempt: u32,
+        pacing_wait: Duration,
+        duration: Duration,
+        answer: std::result::Result<u16, &Error>,
+    ) {
+        let Some(sink) = &self.events else { return };
         let (status, outcome) = match answer {
             Ok(status) => (Some(status), "ok"),
             Err(Error::Api { status, .. }) => (Some(*status), "http error"),
@@ -165,8 +179,8 @@ impl Client {
             status,
             outcome,
             attempt,
-            duration_ms: events::millis(sent.elapsed()),
-            pacing_wait_ms: paced.map_or(0.0, |p| events::millis(sent.saturating_duration_since(p))),
+            duration_ms: events::millis(duration),
+            pacing_wait_ms: events::millis(pacing_wait),
         };
         sink(Event::Request(&event));
     }
@@ -478,7 +492,7 @@ impl Client {
             return HeldUpload::Unsent { attempted: false };
         }
         let Ok(key) = self.key_header() else { return HeldUpload::Unsent { attempted: false } };
-        let sent = Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let sent = Arc::new(std::sync::OnceLock::new());
         let body = HeldBody { len: content.len() as u64, content: Some(content), release, sent: Arc::clone(&sent) };
         let req = self
             .http
@@ -504,8 +518,12 @@ impl Client {
                 Err(Error::Api { status: status.as_u16(), op })
             })
             .await;
-        self.observe(op, &Method::PUT, 1, (paced, started), result.as_ref().map(|()| 200));
-        if !sent.load(std::sync::atomic::Ordering::SeqCst) {
+        // The duration counts from the release (the request was complete then), or, for an
+        // upload that ended unsent, from when it was handed over.
+        let pacing_wait = paced.map_or(Duration::ZERO, |p| started.saturating_duration_since(p));
+        let duration = sent.get().copied().unwrap_or(started).elapsed();
+        self.observe_timed(op, &Method::PUT, 1, pacing_wait, duration, result.as_ref().map(|()| 200));
+        if sent.get().is_none() {
             return HeldUpload::Unsent { attempted: true };
         }
         let maybe_written = match &result {
@@ -538,7 +556,8 @@ pub enum HeldUpload {
 struct HeldBody {
     content: Option<Bytes>,
     release: tokio::sync::oneshot::Receiver<()>,
-    sent: Arc<std::sync::atomic::AtomicBool>,
+    /// When the content was released (set once).
+    sent: Arc<std::sync::OnceLock<Instant>>,
     len: u64,
 }
 
@@ -557,7 +576,7 @@ impl http_body::Body for HeldBody {
         match std::pin::Pin::new(&mut self.release).poll(cx) {
             Poll::Pending => Poll::Pending,
             Poll::Ready(Ok(())) => {
-                self.sent.store(true, std::sync::atomic::Ordering::SeqCst);
+                let _ = self.sent.set(Instant::now());
                 Poll::Ready(self.content.take().map(|b| Ok(http_body::Frame::data(b))))
             }
             // Never released: the upload is abandoned without its content.
