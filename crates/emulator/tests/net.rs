@@ -168,6 +168,8 @@ async fn plain_http_keeps_http11_and_accepts_h2_prior_knowledge() {
         for _ in 0..2 {
             let r = get(&c, &emu, "/whoami").send().await.unwrap();
             assert_eq!((r.status().as_u16(), r.version()), (200, Version::HTTP_11));
+            // Read to the end, so the connection is back in the pool for the next request.
+            r.bytes().await.unwrap();
         }
         let c = reqwest::Client::builder().http2_prior_knowledge().build().unwrap();
         let r = get(&c, &emu, "/whoami").send().await.unwrap();
