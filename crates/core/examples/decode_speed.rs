@@ -10,7 +10,7 @@
 
 use std::time::Instant;
 
-use createos_execute_core::output::Output;
+use createos_execute_core::output::{Output, Utf8Decoder};
 use createos_execute_core::stream::StreamKind;
 
 fn random_bytes(n: usize) -> Vec<u8> {
@@ -53,6 +53,25 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
             speeds.push(format!("{:.1}", bytes.len() as f64 / 1e6 / secs));
         }
         json.push(format!("\"{name}\":[{}]", speeds.join(",")));
+    }
+    // The decoder alone (no tail), into one reused string.
+    for (name, bytes) in &inputs {
+        let mut speeds = Vec::new();
+        for _ in 0..runs {
+            let t = Instant::now();
+            let mut decoder = Utf8Decoder::default();
+            let mut text = String::new();
+            let mut total = 0;
+            for chunk in bytes.chunks(64 * 1024) {
+                text.clear();
+                decoder.decode(chunk, &mut text);
+                total += text.len();
+            }
+            decoder.finish_into(&mut text);
+            std::hint::black_box(total);
+            speeds.push(format!("{:.1}", bytes.len() as f64 / 1e6 / t.elapsed().as_secs_f64()));
+        }
+        json.push(format!("\"{name}, Utf8Decoder alone\":[{}]", speeds.join(",")));
     }
     // The reference: std's lossy conversion of the same random reads (what the decoder must
     // equal), one allocation per read.

@@ -22,20 +22,36 @@ pub fn utf16_len(s: &str) -> usize {
     if s.is_ascii() {
         return s.len();
     }
-    // One unit per lead byte, one more per 4-byte lead; one branch-free pass.
-    s.as_bytes().iter().map(|&x| usize::from((x & 0xC0) != 0x80) + usize::from(x >= 0xF0)).sum()
+    // One unit per lead byte, one more per 4-byte lead: at most 2 per byte, so a byte-wide
+    // sum of 127 bytes cannot overflow (and vectorizes 16 or 32 lanes wide).
+    s.as_bytes()
+        .chunks(127)
+        .map(|c| {
+            let units = c.iter().fold(0u8, |n, &x| n + u8::from(x.cast_signed() >= -64) + u8::from(x >= 0xF0));
+            usize::from(units)
+        })
+        .sum()
 }
 
 /// Decodes a byte stream as UTF-8 like Node's `StringDecoder`: a sequence split across
 /// chunks is joined, invalid bytes become U+FFFD (one per maximal invalid subpart, exactly
 /// what `String::from_utf8_lossy` of the whole stream gives).
 ///
-/// Valid input is checked with SIMD (`simdutf8`) and copied once; invalid input is
-/// replaced in the same single pass over the bytes, into one string per call.
+/// Valid input is checked with SIMD (`simdutf8`) and copied once. Invalid input goes to a
+/// branch-free block decoder ([`replace_block`]) that decides every byte of a block
+/// independently, so random bytes decode at about the speed of text; after a block without
+/// errors the SIMD check takes over again, so rare bad bytes in text cost one or two blocks.
 #[derive(Default)]
 pub struct Utf8Decoder {
     pending: Vec<u8>,
+    /// Reused output of the block decoder: at most [`SCRATCH_BYTES`] plus one block.
+    scratch: Vec<u8>,
 }
+
+/// Bytes decoded per block by [`replace_block`].
+const BLOCK: usize = 256;
+/// The block decoder's output is handed over to the string in runs of about this size.
+const SCRATCH_BYTES: usize = 48 * 1024;
 
 impl Utf8Decoder {
     /// Decodes `bytes`, appending the text to `out`. A sequence cut off at the end is kept
@@ -64,38 +80,76 @@ impl Utf8Decoder {
         }
     }
 
+    /// Decodes `bytes` (which start a new sequence), keeping a valid but incomplete
+    /// sequence at the very end as pending.
     fn decode_whole(&mut self, bytes: &[u8], out: &mut String) {
-        // A read usually ends inside a multi-byte sequence: check the whole sequences with
-        // SIMD and leave only the cut-off end (at most 3 bytes) to the lossy pass.
-        let cut = whole_sequences_end(bytes);
-        let rest = match simdutf8::basic::from_utf8(&bytes[..cut]) {
-            Ok(s) => {
-                out.push_str(s);
-                &bytes[cut..]
+        // A read usually ends inside a multi-byte sequence: only that end waits for more.
+        let body = &bytes[..incomplete_tail_start(bytes)];
+        match simdutf8::basic::from_utf8(body) {
+            Ok(s) => out.push_str(s),
+            Err(_) => self.lossy(body, out),
+        }
+        self.pending.extend_from_slice(&bytes[body.len()..]);
+    }
+
+    /// `String::from_utf8_lossy(bytes)` appended to `out`, for `bytes` that start a new
+    /// sequence and end one (no incomplete sequence at the end).
+    fn lossy(&mut self, bytes: &[u8], out: &mut String) {
+        let start_len = out.len();
+        let mut at = 0;
+        while at < bytes.len() {
+            // The valid run, at SIMD speed.
+            match simdutf8::compat::from_utf8(&bytes[at..]) {
+                Ok(s) => {
+                    out.push_str(s);
+                    break;
+                }
+                Err(e) => {
+                    let valid = &bytes[at..at + e.valid_up_to()];
+                    if let Ok(s) = simdutf8::basic::from_utf8(valid) {
+                        out.push_str(s);
+                    }
+                    at += valid.len();
+                }
             }
-            Err(_) => bytes,
-        };
-        if !rest.is_empty() {
-            self.lossy(rest, out);
+            // The invalid part, block by block, until a block comes out clean.
+            match self.replace_run(bytes, at, out) {
+                Some(next) => at = next,
+                None => {
+                    // The block decoder produced invalid UTF-8: a bug. Redo it all exactly.
+                    debug_assert!(false, "block decoder produced invalid UTF-8");
+                    out.truncate(start_len);
+                    out.push_str(&String::from_utf8_lossy(bytes));
+                    return;
+                }
+            }
         }
     }
 
-    /// `String::from_utf8_lossy` into `out` in one pass (no string per invalid sequence),
-    /// except that a valid but incomplete sequence at the very end is kept as pending.
-    fn lossy(&mut self, bytes: &[u8], out: &mut String) {
-        // U+FFFD is 3 bytes: random bytes grow to about twice their length.
-        out.reserve(bytes.len() + bytes.len() / 2);
-        let mut chunks = bytes.utf8_chunks().peekable();
-        while let Some(chunk) = chunks.next() {
-            out.push_str(chunk.valid());
-            let invalid = chunk.invalid();
-            if invalid.is_empty() {
-                continue;
+    /// Decodes blocks of `bytes` from `at` (at least one) until a block needs no U+FFFD or
+    /// the input ends; returns where it stopped, or `None` if the output was not UTF-8.
+    fn replace_run(&mut self, bytes: &[u8], mut at: usize, out: &mut String) -> Option<usize> {
+        // Room for a full run plus one block (3 bytes per input byte at most, and the
+        // 4-byte writes of the last one).
+        if self.scratch.len() < SCRATCH_BYTES + 3 * BLOCK + 8 {
+            self.scratch.resize(SCRATCH_BYTES + 3 * BLOCK + 8, 0);
+        }
+        let mut pos = 0;
+        loop {
+            let (written, replaced) = replace_block(bytes, at, &mut self.scratch[pos..]);
+            pos += written;
+            at = (at + BLOCK).min(bytes.len());
+            // Back to the SIMD check after a clean block, where a sequence starts.
+            let done = at == bytes.len() || (!replaced && bytes[at] & 0xC0 != 0x80);
+            if done || pos > SCRATCH_BYTES {
+                // A sequence the block boundary cuts in two waits in the scratch buffer.
+                let keep = if done { pos } else { whole_sequences_end(&self.scratch[..pos]) };
+                out.push_str(simdutf8::basic::from_utf8(&self.scratch[..keep]).ok()?);
+                self.scratch.copy_within(keep..pos, 0);
+                pos -= keep;
             }
-            if chunks.peek().is_none() && is_incomplete_prefix(invalid) {
-                self.pending.extend_from_slice(invalid);
-            } else {
-                out.push('\u{FFFD}');
+            if done {
+                return Some(at);
             }
         }
     }
@@ -118,6 +172,92 @@ impl Utf8Decoder {
     }
 }
 
+/// All ones when `c`, else zero: the lane masks of [`replace_block`].
+#[inline(always)]
+fn mask(c: bool) -> u8 {
+    0u8.wrapping_sub(u8::from(c))
+}
+
+/// Lossy-decodes the block `bytes[at..at + BLOCK]` (or what is left of it) into `dst`,
+/// returning (bytes written, whether any U+FFFD was written).
+///
+/// Every byte of a lossy decoding comes out as itself, as nothing, or as U+FFFD, and which
+/// one depends only on the three bytes before it and the three after: a non-continuation
+/// byte starts a unit (a valid sequence or a maximal invalid subpart: itself if valid, else
+/// U+FFFD); a continuation byte is part of the unit of the lead at most three bytes before
+/// it when that lead's subpart reaches it (itself if the unit is valid, nothing if not),
+/// and a U+FFFD of its own otherwise. So the block is classified lane by lane without
+/// branches (the compiler vectorizes it), and only writing the output is sequential.
+///
+/// `at` must start a unit or be inside one whose lead is within the three bytes before it,
+/// and `bytes` must end a unit: bytes outside `bytes` count as ASCII.
+fn replace_block(bytes: &[u8], at: usize, dst: &mut [u8]) -> (usize, bool) {
+    // win[i] = bytes[at - 3 + i]; zero (ASCII) outside `bytes`.
+    let mut win = [0u8; BLOCK + 6];
+    let lo = at.saturating_sub(3);
+    let hi = (at + BLOCK + 3).min(bytes.len());
+    let off = lo + 3 - at;
+    win[off..off + (hi - lo)].copy_from_slice(&bytes[lo..hi]);
+
+    // Per lane (as i8: -128..=-65 is a continuation byte): reach1/2/3 = the lane's lead has
+    // a subpart of at least 2/3/4 bytes; valid = the lane starts a valid sequence.
+    let mut reach1 = [0u8; BLOCK + 3];
+    let mut reach2 = [0u8; BLOCK + 3];
+    let mut reach3 = [0u8; BLOCK + 3];
+    let mut valid = [0u8; BLOCK + 3];
+    for i in 0..BLOCK + 3 {
+        let b = win[i].cast_signed();
+        let b1 = win[i + 1].cast_signed();
+        let ascii = mask(b >= 0);
+        let lead2 = mask((-62..=-33).contains(&b)); // C2..=DF
+        let lead3 = mask((-32..=-17).contains(&b)); // E0..=EF
+        let lead4 = mask((-16..=-12).contains(&b)); // F0..=F4
+                                                    // The second byte's narrower ranges: E0 A0..=BF, ED 80..=9F, F0 90..=BF, F4 80..=8F.
+        let narrow = mask(b == -32 && b1 < -96)
+            | mask(b == -19 && b1 >= -96)
+            | mask(b == -16 && b1 < -112)
+            | mask(b == -12 && b1 >= -112);
+        let r1 = mask(b1 < -64) & !narrow & (lead2 | lead3 | lead4);
+        let r2 = r1 & mask(win[i + 2].cast_signed() < -64) & (lead3 | lead4);
+        let r3 = r2 & mask(win[i + 3].cast_signed() < -64) & lead4;
+        reach1[i] = r1;
+        reach2[i] = r2;
+        reach3[i] = r3;
+        valid[i] = ascii | (lead2 & r1) | (lead3 & r2) | r3;
+    }
+    // Output length per byte: 1 (itself), 0 (inside an invalid unit) or 3 (U+FFFD).
+    let mut len = [0u8; BLOCK];
+    for (i, l) in len.iter_mut().enumerate() {
+        let p = i + 3;
+        let cont = mask(win[p].cast_signed() < -64);
+        let (c1, c2, c3) = (reach1[p - 1], reach2[p - 2], reach3[p - 3]);
+        let claimed = c1 | c2 | c3;
+        let claimed_valid = (c1 & valid[p - 1]) | (c2 & valid[p - 2]) | (c3 & valid[p - 3]);
+        let as_cont = (claimed & claimed_valid & 1) | (!claimed & 3);
+        let as_lead = (valid[p] & 1) | (!valid[p] & 3);
+        *l = (cont & as_cont) | (!cont & as_lead);
+    }
+    let replaced = len.iter().fold(0, |acc, &l| acc | (l & 2)) != 0;
+
+    let n = BLOCK.min(bytes.len() - at);
+    let mut pos = 0;
+    for (g, lens) in len[..n].chunks(8).enumerate() {
+        let src = &win[3 + 8 * g..];
+        if lens == [1; 8] {
+            // Eight bytes that are all themselves (text) at once.
+            dst[pos..pos + 8].copy_from_slice(&src[..8]);
+            pos += 8;
+            continue;
+        }
+        for (&l, &b) in lens.iter().zip(src) {
+            let word = std::hint::select_unpredictable(l == 3, 0x00BD_BFEF_u32, u32::from(b));
+            dst[pos..pos + 4].copy_from_slice(&word.to_le_bytes());
+            pos += usize::from(l);
+        }
+    }
+    (pos, replaced)
+}
+
 /// Where the last sequence that `bytes` cuts off starts (`bytes.len()` when none is cut).
 fn whole_sequences_end(bytes: &[u8]) -> usize {
     let n = bytes.len();
@@ -127,6 +267,20 @@ fn whole_sequences_end(bytes: &[u8]) -> usize {
             // The last byte that is not a continuation byte: a lead whose sequence is longer
             // than what follows it is cut off.
             return if sequence_len(b) > back { n - back } else { n };
+        }
+    }
+    n
+}
+
+/// Where a valid but incomplete sequence at the end of `bytes` starts (`bytes.len()` when
+/// the last sequence is complete or invalid).
+fn incomplete_tail_start(bytes: &[u8]) -> usize {
+    let n = bytes.len();
+    for back in 1..=3.min(n) {
+        if bytes[n - back] & 0xC0 != 0x80 {
+            // The last byte that is not a continuation byte: a sequence is cut off only if
+            // it starts there.
+            return if is_incomplete_prefix(&bytes[n - back..]) { n - back } else { n };
         }
     }
     n
