@@ -205,14 +205,18 @@ fn replace_block(bytes: &[u8], at: usize, dst: &mut [u8]) -> (usize, bool) {
     let mut reach2 = [0u8; BLOCK + 3];
     let mut reach3 = [0u8; BLOCK + 3];
     let mut valid = [0u8; BLOCK + 3];
-    for i in 0..BLOCK + 3 {
+    // Only the lanes in use: a short input (the end of a read, a sequence split across
+    // reads) costs what it is long.
+    let n = BLOCK.min(bytes.len() - at);
+    for i in 0..n + 3 {
         let b = win[i].cast_signed();
         let b1 = win[i + 1].cast_signed();
+        // Leads: C2..=DF, E0..=EF, F0..=F4 of 2, 3 and 4 bytes; then the second byte's
+        // narrower ranges: E0 A0..=BF, ED 80..=9F, F0 90..=BF, F4 80..=8F.
         let ascii = mask(b >= 0);
-        let lead2 = mask((-62..=-33).contains(&b)); // C2..=DF
-        let lead3 = mask((-32..=-17).contains(&b)); // E0..=EF
-        let lead4 = mask((-16..=-12).contains(&b)); // F0..=F4
-                                                    // The second byte's narrower ranges: E0 A0..=BF, ED 80..=9F, F0 90..=BF, F4 80..=8F.
+        let lead2 = mask((-62..=-33).contains(&b));
+        let lead3 = mask((-32..=-17).contains(&b));
+        let lead4 = mask((-16..=-12).contains(&b));
         let narrow = mask(b == -32 && b1 < -96)
             | mask(b == -19 && b1 >= -96)
             | mask(b == -16 && b1 < -112)
@@ -227,7 +231,7 @@ fn replace_block(bytes: &[u8], at: usize, dst: &mut [u8]) -> (usize, bool) {
     }
     // Output length per byte: 1 (itself), 0 (inside an invalid unit) or 3 (U+FFFD).
     let mut len = [0u8; BLOCK];
-    for (i, l) in len.iter_mut().enumerate() {
+    for (i, l) in len[..n].iter_mut().enumerate() {
         let p = i + 3;
         let cont = mask(win[p].cast_signed() < -64);
         let (c1, c2, c3) = (reach1[p - 1], reach2[p - 2], reach3[p - 3]);
@@ -237,9 +241,8 @@ fn replace_block(bytes: &[u8], at: usize, dst: &mut [u8]) -> (usize, bool) {
         let as_lead = (valid[p] & 1) | (!valid[p] & 3);
         *l = (cont & as_cont) | (!cont & as_lead);
     }
-    let replaced = len.iter().fold(0, |acc, &l| acc | (l & 2)) != 0;
+    let replaced = len[..n].iter().fold(0, |acc, &l| acc | (l & 2)) != 0;
 
-    let n = BLOCK.min(bytes.len() - at);
     let mut pos = 0;
     for (g, lens) in len[..n].chunks(8).enumerate() {
         let src = &win[3 + 8 * g..];
@@ -581,6 +584,98 @@ mod tests {
                 let want = String::from_utf8_lossy(&bytes).into_owned();
                 assert_eq!(decode_chunks(&[&bytes]), want, "{bytes:?}");
             }
+        }
+    }
+
+    /// Bytes at every boundary of the UTF-8 rules: ASCII, continuation ranges (80, 8F/90,
+    /// 9F/A0, BF), non-leads C0/C1, 2-byte leads C2/DF, the 3-byte leads with narrow second
+    /// bytes (E0, ED: surrogates) and wide ones, the 4-byte leads (F0 overlongs, F4 above
+    /// U+10FFFF), and F5/FF that never lead.
+    const EDGES: &[u8] = &[
+        0x00, 0x41, 0x7F, 0x80, 0x8F, 0x90, 0x9F, 0xA0, 0xBF, 0xC0, 0xC1, 0xC2, 0xDF, 0xE0, 0xE1, 0xEC, 0xED, 0xEE,
+        0xEF, 0xF0, 0xF1, 0xF3, 0xF4, 0xF5, 0xFF,
+    ];
+    /// Fewer edges for 4-byte sequences, so the exhaustive loop stays quick in debug builds.
+    const EDGES4: &[u8] = &[0x41, 0x80, 0x8F, 0x90, 0xA0, 0xBF, 0xE0, 0xED, 0xF0, 0xF4, 0xFF];
+
+    fn all_sequences(edges: &[u8], len: usize) -> Vec<Vec<u8>> {
+        let mut seqs = vec![vec![]];
+        for _ in 0..len {
+            seqs = seqs.iter().flat_map(|s| edges.iter().map(move |&b| [s.as_slice(), &[b]].concat())).collect();
+        }
+        seqs
+    }
+
+    /// `bytes` decoded in the chunks that the cut points `i <= j` make, by `decode`.
+    fn decode_3(d: &mut Utf8Decoder, bytes: &[u8], i: usize, j: usize) -> String {
+        let mut out = String::new();
+        for chunk in [&bytes[..i], &bytes[i..j], &bytes[j..]] {
+            d.decode(chunk, &mut out);
+        }
+        d.finish_into(&mut out);
+        out
+    }
+
+    #[test]
+    fn every_short_sequence_at_every_split_equals_lossy_decoding() {
+        let mut d = Utf8Decoder::default();
+        let mut seqs: Vec<Vec<u8>> = (1..=3).flat_map(|n| all_sequences(EDGES, n)).collect();
+        seqs.extend(all_sequences(EDGES4, 4));
+        for seq in &seqs {
+            let want = String::from_utf8_lossy(seq);
+            for i in 0..=seq.len() {
+                for j in i..=seq.len() {
+                    assert_eq!(decode_3(&mut d, seq, i, j), want, "{seq:x?} split at {i},{j}");
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn sequences_across_block_and_run_boundaries_equal_lossy_decoding() {
+        // Text with each 1-3 byte edge sequence (and a few 4-byte ones) at every offset around
+        // the block decoder's block boundary, after an error that starts the block decoder.
+        let mut d = Utf8Decoder::default();
+        let mut seqs: Vec<Vec<u8>> = (1..=2).flat_map(|n| all_sequences(EDGES, n)).collect();
+        seqs.extend(all_sequences(EDGES4, 3));
+        seqs.extend(
+            [&b"\xf0\x9f\x98\x80"[..], b"\xf4\x8f\xbf\xbf", b"\xf0\x90\x80\x80", b"\xf4\x90\x80\x80"]
+                .map(<[u8]>::to_vec),
+        );
+        for seq in &seqs {
+            for at in [BLOCK - 3, BLOCK - 2, BLOCK - 1, BLOCK, BLOCK + 1] {
+                let mut bytes = vec![b'x'; at + 8];
+                bytes[0] = 0xFF;
+                bytes[at..at + seq.len()].copy_from_slice(seq);
+                let want = String::from_utf8_lossy(&bytes);
+                let n = bytes.len();
+                for (i, j) in [(n, n), (at + 1, n), (at + 2, at + 3)] {
+                    assert_eq!(decode_3(&mut d, &bytes, i, j), want, "{seq:x?} at {at}, split at {i},{j}");
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn errors_at_every_density_equal_lossy_decoding() {
+        // Text with a bad byte every `gap` bytes: from random-like to rare, so the decoder
+        // switches between the SIMD check and the block decoder at many places.
+        let mut x: u64 = 0x2545_F491_4F6C_DD1D;
+        let mut d = Utf8Decoder::default();
+        for gap in [1usize, 2, 3, 7, 60, 255, 256, 257, 600, 5000] {
+            let text = "aé€😀z".repeat(40_000 / 10);
+            let mut bytes = text.into_bytes();
+            let mut k = 0;
+            while k < bytes.len() {
+                x ^= x << 13;
+                x ^= x >> 7;
+                x ^= x << 17;
+                bytes[k] = x.to_le_bytes()[0];
+                k += gap;
+            }
+            let want = String::from_utf8_lossy(&bytes);
+            let n = bytes.len();
+            assert_eq!(decode_3(&mut d, &bytes, n / 3, n / 2), want, "bad byte every {gap}");
         }
     }
 
