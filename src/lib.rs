@@ -34,6 +34,16 @@ use createos_execute_core::script;
 /// The text goes as UTF-16 when it is not ASCII: converted here, on a worker thread, so the JS
 /// thread only copies it (V8's own UTF-8 decoding of non-ASCII text is the slow part of `log`).
 type LogText = Either<String, Utf16String>;
+
+/// Text handed to JS as UTF-16 unless it is ASCII: the result's `stdout`/`stderr` too
+/// (up to 4,194,304 characters each, which V8 would otherwise decode on the JS thread).
+fn js_text(text: String) -> LogText {
+    if text.is_ascii() {
+        Either::A(text)
+    } else {
+        Either::B(Utf16String::from(text.encode_utf16().collect::<Vec<u16>>()))
+    }
+}
 type LogFn = ThreadsafeFunction<FnArgs<(String, LogText)>, (), FnArgs<(String, LogText)>, Status, false, true>;
 /// `onEvent(kind, data)`: kind is `connected`, `stdout`, `stderr` or `pty`.
 type EventFn =
@@ -231,8 +241,10 @@ pub struct NativeExecuteResult {
     pub exit_code: Option<i32>,
     pub signal: Option<String>,
     pub timed_out: bool,
-    pub stdout: String,
-    pub stderr: String,
+    #[napi(ts_type = "string")]
+    pub stdout: LogText,
+    #[napi(ts_type = "string")]
+    pub stderr: LogText,
     pub metadata: NativeExecuteMetadata,
 }
 
@@ -372,8 +384,8 @@ fn execute_value(r: ExecuteResult) -> NativeExecuteResult {
         exit_code: r.exit_code,
         signal: r.signal,
         timed_out: r.timed_out,
-        stdout: r.stdout,
-        stderr: r.stderr,
+        stdout: js_text(r.stdout),
+        stderr: js_text(r.stderr),
         metadata: NativeExecuteMetadata {
             process_id: r.process_id,
             output_truncated: r.output_truncated,
@@ -421,11 +433,7 @@ async fn forward_logs(mut rx: mpsc::Receiver<LogLine>, log: LogFn, gone: Abort) 
                 Err(_) => break,
             }
         }
-        let text: LogText = if text.is_ascii() {
-            Either::A(text)
-        } else {
-            Either::B(Utf16String::from(text.encode_utf16().collect::<Vec<u16>>()))
-        };
+        let text = js_text(text);
         tokio::select! {
             _ = log.call_async_catch(FnArgs::from((stream.as_str().to_owned(), text))) => {}
             () = gone.aborted() => break,
