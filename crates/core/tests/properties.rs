@@ -4,7 +4,7 @@
 //!   command argument, as an environment value (through `script::command_script`), and as a
 //!   working directory (a temp dir of that name, where the OS allows the name);
 //! - `output::Utf8Decoder` across arbitrary splits equals `String::from_utf8_lossy` of the
-//!   whole;
+//!   whole (short byte soups, random bytes, and long streams mixing text and random bursts);
 //! - `output::Tail` keeps the last N UTF-16 units of the whole for any chunking (one unit
 //!   fewer exactly when the cut would start inside a surrogate pair).
 //!
@@ -315,6 +315,32 @@ proptest! {
         prop_assert!(logged.len() < cut.len() + 1, "{} log strings for {} reads", logged.len(), cut.len() - 1);
         prop_assert!(logged.iter().all(|t| !t.is_empty()));
         prop_assert_eq!(logged.concat(), whole);
+    }
+}
+
+/// Long streams: runs of text (ASCII or multi-byte), bursts of random bytes and fragments,
+/// so the decoder switches between its SIMD check and its block decoder at many places, and
+/// hands the block decoder's output over in several runs.
+fn long_mixed_bytes() -> impl Strategy<Value = Vec<u8>> {
+    let run = prop_oneof![
+        (prop::sample::select(vec!["a", "é", "€", "😀", "abc\n"]), 1usize..3000)
+            .prop_map(|(s, n)| s.repeat(n).into_bytes()),
+        prop::collection::vec(any::<u8>(), 1..20_000),
+        utf8ish_bytes(),
+    ];
+    prop::collection::vec(run, 1..12).prop_map(|v| v.concat())
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 48, ..ProptestConfig::default() })]
+
+    #[test]
+    fn decoding_long_mixed_streams_across_any_splits_equals_lossy_decoding(
+        bytes in long_mixed_bytes(),
+        raw_cuts in prop::collection::vec(any::<prop::sample::Index>(), 0..40),
+    ) {
+        let cut = cuts(bytes.len(), &raw_cuts);
+        prop_assert_eq!(decode_into_split(&bytes, &cut), String::from_utf8_lossy(&bytes).into_owned());
     }
 }
 
