@@ -95,6 +95,8 @@ impl Utf8Decoder {
     /// `String::from_utf8_lossy(bytes)` appended to `out`, for `bytes` that start a new
     /// sequence and end one (no incomplete sequence at the end).
     fn lossy(&mut self, bytes: &[u8], out: &mut String) {
+        // Random bytes decode to about twice their length (U+FFFD is 3 bytes): grow once.
+        out.reserve(2 * bytes.len());
         let start_len = out.len();
         let mut at = 0;
         while at < bytes.len() {
