@@ -27,7 +27,7 @@ use createos_execute_core::config::{self, Config};
 use createos_execute_core::error::Error;
 use createos_execute_core::events::{Event, EventSink};
 use createos_execute_core::execute::{self, ExecuteResult, FollowEvent};
-use createos_execute_core::output::LogLine;
+use createos_execute_core::output::{self, LogLine};
 use createos_execute_core::script;
 
 /// `log(stream, text)`: weak (does not keep Node alive), errors handled by the caller's wrapper.
@@ -41,7 +41,7 @@ fn js_text(text: String) -> LogText {
     if text.is_ascii() {
         Either::A(text)
     } else {
-        Either::B(Utf16String::from(text.encode_utf16().collect::<Vec<u16>>()))
+        Either::B(Utf16String::from(output::to_utf16(&text)))
     }
 }
 type LogFn = ThreadsafeFunction<FnArgs<(String, LogText)>, (), FnArgs<(String, LogText)>, Status, false, true>;

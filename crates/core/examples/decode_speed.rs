@@ -6,13 +6,17 @@
 //! ```
 //!
 //! Prints one JSON line: `{"ASCII":[MB/s per run],"multi-byte UTF-8":[...],"random":[...],...}`,
-//! then the same three through `Utf8Decoder::decode` alone (no tail), and std's
+//! then the same three through `Utf8Decoder::decode` alone (no tail), the decoded multi-byte and
+//! random text converted to UTF-16 for JS (`output::to_utf16` and std's `encode_utf16`), and std's
 //! `String::from_utf8_lossy` of the random reads as a reference row.
 
 use std::time::Instant;
 
-use createos_execute_core::output::{Output, Utf8Decoder};
+use createos_execute_core::output::{to_utf16, Output, Utf8Decoder};
 use createos_execute_core::stream::StreamKind;
+
+/// A UTF-8 to UTF-16 conversion.
+type Convert = fn(&str) -> Vec<u16>;
 
 fn random_bytes(n: usize) -> Vec<u8> {
     let mut x: u64 = 0x2545_F491_4F6C_DD1D;
@@ -73,6 +77,35 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
             speeds.push(format!("{:.1}", bytes.len() as f64 / 1e6 / t.elapsed().as_secs_f64()));
         }
         json.push(format!("\"{name}, Utf8Decoder without the tail\":[{}]", speeds.join(",")));
+    }
+    // Handing the decoded text to JS as UTF-16 (`output::to_utf16`, what `log` and the result
+    // get when the text is not ASCII), in MB/s of the raw input; std's `encode_utf16` beside it.
+    for (name, bytes) in &inputs[1..] {
+        let text = String::from_utf8_lossy(bytes).into_owned();
+        let pieces: Vec<&str> = {
+            let (mut v, mut at) = (Vec::new(), 0);
+            while at < text.len() {
+                let mut end = (at + (1 << 20)).min(text.len());
+                while !text.is_char_boundary(end) {
+                    end += 1;
+                }
+                v.push(&text[at..end]);
+                at = end;
+            }
+            v
+        };
+        let convs: [(&str, Convert); 2] =
+            [("to_utf16", to_utf16), ("std encode_utf16", |s| s.encode_utf16().collect())];
+        for (conv, f) in convs {
+            let mut speeds = Vec::new();
+            for _ in 0..runs {
+                let t = Instant::now();
+                let units: usize = pieces.iter().map(|p| f(p).len()).sum();
+                std::hint::black_box(units);
+                speeds.push(format!("{:.1}", bytes.len() as f64 / 1e6 / t.elapsed().as_secs_f64()));
+            }
+            json.push(format!("\"{name}, its text to UTF-16, {conv}\":[{}]", speeds.join(",")));
+        }
     }
     // The reference: std's lossy conversion of the same random reads (what the decoder must
     // equal), one allocation per read.

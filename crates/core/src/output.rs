@@ -33,6 +33,76 @@ pub fn utf16_len(s: &str) -> usize {
         .sum()
 }
 
+/// Bytes per block of [`to_utf16`].
+const UTF16_BLOCK: usize = 256;
+
+/// `s` as UTF-16 code units (what a JS string holds), for handing text to JS.
+///
+/// Text goes through std's `encode_utf16`, fast when character lengths follow a pattern (real
+/// text); a block dense with U+FFFD (decoded binary output, where 1- and 3-byte characters
+/// alternate at random) goes through a branch-free conversion byte by byte instead.
+pub fn to_utf16(s: &str) -> Vec<u16> {
+    // Exact, plus what one block's scratch room may add before it is cut back.
+    let mut out = Vec::with_capacity(utf16_len(s) + UTF16_BLOCK + 8);
+    let mut rest = s;
+    while !rest.is_empty() {
+        let mut end = UTF16_BLOCK.min(rest.len());
+        while !rest.is_char_boundary(end) {
+            end += 1;
+        }
+        let (block, tail) = rest.split_at(end);
+        rest = tail;
+        // (At most 87 EF bytes fit in a block of valid UTF-8: a byte-wide count.)
+        if block.bytes().fold(0u8, |n, b| n + u8::from(b == 0xEF)) >= 8 {
+            // At most one unit per byte, and room for the last 2-unit write.
+            let o = out.len();
+            out.resize(o + block.len() + 2, 0);
+            let n = utf16_block(block.as_bytes(), &mut out[o..]);
+            out.truncate(o + n);
+        } else {
+            out.extend(block.encode_utf16());
+        }
+    }
+    out
+}
+
+/// UTF-16 of `bytes`, valid UTF-8 of at most `UTF16_BLOCK + 3` bytes, into `dst` (at least
+/// `bytes.len() + 2` long); returns the units written. Every lane computes
+/// what its byte would start (one unit, a surrogate pair, or nothing for a continuation byte)
+/// from it and the three bytes after it; only the writes are sequential.
+fn utf16_block(bytes: &[u8], dst: &mut [u16]) -> usize {
+    let m = bytes.len();
+    let mut win = [0u8; UTF16_BLOCK + 6];
+    win[..m].copy_from_slice(bytes);
+    let mut first = [0u16; UTF16_BLOCK + 3];
+    let mut second = [0u16; UTF16_BLOCK + 3];
+    let mut units = [0u8; UTF16_BLOCK + 3];
+    for j in 0..m {
+        let [b0, b1, b2, b3] = [win[j], win[j + 1], win[j + 2], win[j + 3]];
+        let [w0, w1, w2, w3] = [b0, b1, b2, b3].map(u16::from);
+        let two = (w0 & 0x1F) << 6 | (w1 & 0x3F);
+        let three = (w0 & 0x0F) << 12 | (w1 & 0x3F) << 6 | (w2 & 0x3F);
+        // U+10000.. as a pair: high = D800 + ((cp - 0x10000) >> 10), low = DC00 + (cp & 3FF).
+        let high = 0xD7C0u16.wrapping_add((w0 & 0x07) << 8 | (w1 & 0x3F) << 2 | ((w2 >> 4) & 0x03));
+        let low = 0xDC00 | (w2 & 0x0F) << 6 | (w3 & 0x3F);
+        let is = |c: bool| 0u16.wrapping_sub(u16::from(c));
+        let four = b0 >= 0xF0;
+        first[j] = (w0 & is(b0 < 0x80))
+            | (two & is((0xC0..0xE0).contains(&b0)))
+            | (three & is((0xE0..0xF0).contains(&b0)))
+            | (high & is(four));
+        second[j] = low;
+        units[j] = u8::from(b0 & 0xC0 != 0x80) + u8::from(four);
+    }
+    let mut o = 0;
+    for j in 0..m {
+        dst[o] = first[j];
+        dst[o + 1] = second[j];
+        o += usize::from(units[j]);
+    }
+    o
+}
+
 /// Decodes a byte stream as UTF-8 like Node's `StringDecoder`: a sequence split across
 /// chunks is joined, invalid bytes become U+FFFD (one per maximal invalid subpart, exactly
 /// what `String::from_utf8_lossy` of the whole stream gives).
@@ -698,6 +768,27 @@ mod tests {
         t.push("a😀b");
         assert!(!t.truncated());
         assert_eq!(t.into_string(), "a😀b");
+    }
+
+    #[test]
+    fn to_utf16_matches_std_for_text_and_decoded_binary() {
+        let mut x: u64 = 0x9E37_79B9_7F4A_7C15;
+        let random: Vec<u8> = (0..100_000)
+            .map(|_| {
+                x ^= x << 13;
+                x ^= x >> 7;
+                x ^= x << 17;
+                x.to_le_bytes()[0]
+            })
+            .collect();
+        let binary = String::from_utf8_lossy(&random).into_owned();
+        let pairs = "\u{FFFD}😀a\u{10FFFF}é\u{10000}€\u{FFFD}\u{FFFF}".repeat(500);
+        for s in ["", "abc", "é€😀", &"aé€😀z".repeat(3000), &binary, &pairs] {
+            for start in [0, 1, 2, 3] {
+                let Some(s) = s.get(start..) else { continue };
+                assert_eq!(to_utf16(s), s.encode_utf16().collect::<Vec<u16>>());
+            }
+        }
     }
 
     #[test]

@@ -5,6 +5,7 @@
 //!   working directory (a temp dir of that name, where the OS allows the name);
 //! - `output::Utf8Decoder` across arbitrary splits equals `String::from_utf8_lossy` of the
 //!   whole (short byte soups, random bytes, and long streams mixing text and random bursts);
+//! - `output::to_utf16` equals std's `encode_utf16` for any text and decoded binary output;
 //! - `output::Tail` keeps the last N UTF-16 units of the whole for any chunking (one unit
 //!   fewer exactly when the cut would start inside a surrogate pair).
 //!
@@ -13,7 +14,7 @@
 use std::path::PathBuf;
 use std::process::Command as Proc;
 
-use createos_execute_core::output::{utf16_len, Tail, Utf8Decoder};
+use createos_execute_core::output::{to_utf16, utf16_len, Tail, Utf8Decoder};
 use createos_execute_core::script::{command_script, shell_quote, Command};
 use proptest::prelude::*;
 
@@ -341,6 +342,23 @@ proptest! {
     ) {
         let cut = cuts(bytes.len(), &raw_cuts);
         prop_assert_eq!(decode_into_split(&bytes, &cut), String::from_utf8_lossy(&bytes).into_owned());
+    }
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 256, ..ProptestConfig::default() })]
+
+    /// The UTF-16 handed to JS: any text, and decoded binary output (dense with U+FFFD, which
+    /// takes the byte-by-byte conversion), equals std's `encode_utf16`.
+    #[test]
+    fn to_utf16_equals_std_encode_utf16(
+        s in prop_oneof![
+            any::<String>(),
+            prop::collection::vec(any::<u8>(), 0..3000).prop_map(|b| String::from_utf8_lossy(&b).into_owned()),
+            long_mixed_bytes().prop_map(|b| String::from_utf8_lossy(&b).into_owned()),
+        ],
+    ) {
+        prop_assert_eq!(to_utf16(&s), s.encode_utf16().collect::<Vec<u16>>());
     }
 }
 
