@@ -27,24 +27,54 @@ use createos_execute_core::config::{self, Config};
 use createos_execute_core::error::Error;
 use createos_execute_core::events::{Event, EventSink};
 use createos_execute_core::execute::{self, ExecuteResult, FollowEvent};
-use createos_execute_core::output::{self, LogLine};
+use createos_execute_core::output::{self, LogLine, LogText};
 use createos_execute_core::script;
 
 /// `log(stream, text)`: weak (does not keep Node alive), errors handled by the caller's wrapper.
 /// The text goes as UTF-16 when it is not ASCII: converted here, on a worker thread, so the JS
 /// thread only copies it (V8's own UTF-8 decoding of non-ASCII text is the slow part of `log`).
-type LogText = Either<String, Utf16String>;
+type JsText = Either<String, Utf16String>;
 
 /// Text handed to JS as UTF-16 unless it is ASCII: the result's `stdout`/`stderr` too
 /// (up to 4,194,304 characters each, which V8 would otherwise decode on the JS thread).
-fn js_text(text: String) -> LogText {
+fn js_text(text: String) -> JsText {
     if text.is_ascii() {
         Either::A(text)
     } else {
         Either::B(Utf16String::from(output::to_utf16(&text)))
     }
 }
-type LogFn = ThreadsafeFunction<FnArgs<(String, LogText)>, (), FnArgs<(String, LogText)>, Status, false, true>;
+type LogFn = ThreadsafeFunction<FnArgs<(String, JsText)>, (), FnArgs<(String, JsText)>, Status, false, true>;
+
+/// A log chunk as JS gets it: UTF-16 decoded straight from the bytes stays so.
+fn log_text(text: LogText) -> JsText {
+    match text {
+        LogText::Text(s) => js_text(s),
+        LogText::Wide(w) => Either::B(Utf16String::from(w)),
+    }
+}
+
+/// The size of a log chunk in memory.
+fn log_bytes(text: &LogText) -> usize {
+    match text {
+        LogText::Text(s) => s.len(),
+        LogText::Wide(w) => 2 * w.len(),
+    }
+}
+
+/// Appends `more` to `acc` (as UTF-16 when either is).
+fn join_log(acc: &mut LogText, more: LogText) {
+    match (&mut *acc, more) {
+        (LogText::Text(a), LogText::Text(b)) => a.push_str(&b),
+        (LogText::Wide(a), LogText::Wide(b)) => a.extend_from_slice(&b),
+        (LogText::Wide(a), LogText::Text(b)) => a.extend(b.encode_utf16()),
+        (LogText::Text(a), LogText::Wide(b)) => {
+            let mut w: Vec<u16> = a.encode_utf16().collect();
+            w.extend_from_slice(&b);
+            *acc = LogText::Wide(w);
+        }
+    }
+}
 /// `onEvent(kind, data)`: kind is `connected`, `stdout`, `stderr` or `pty`.
 type EventFn =
     ThreadsafeFunction<FnArgs<(String, Option<Buffer>)>, (), FnArgs<(String, Option<Buffer>)>, Status, false, true>;
@@ -242,9 +272,9 @@ pub struct NativeExecuteResult {
     pub signal: Option<String>,
     pub timed_out: bool,
     #[napi(ts_type = "string")]
-    pub stdout: LogText,
+    pub stdout: JsText,
     #[napi(ts_type = "string")]
-    pub stderr: LogText,
+    pub stderr: JsText,
     pub metadata: NativeExecuteMetadata,
 }
 
@@ -425,7 +455,9 @@ async fn forward_logs(mut rx: mpsc::Receiver<LogLine>, log: LogFn, gone: Abort) 
         // Join what is already queued for the same stream while JS is busy.
         loop {
             match rx.try_recv() {
-                Ok((s, t)) if s == stream && text.len() + t.len() <= LOG_BATCH_BYTES => text.push_str(&t),
+                Ok((s, t)) if s == stream && log_bytes(&text) + log_bytes(&t) <= LOG_BATCH_BYTES => {
+                    join_log(&mut text, t);
+                }
                 Ok(other) => {
                     next = Some(other);
                     break;
@@ -433,7 +465,7 @@ async fn forward_logs(mut rx: mpsc::Receiver<LogLine>, log: LogFn, gone: Abort) 
                 Err(_) => break,
             }
         }
-        let text = js_text(text);
+        let text = log_text(text);
         tokio::select! {
             _ = log.call_async_catch(FnArgs::from((stream.as_str().to_owned(), text))) => {}
             () = gone.aborted() => break,

@@ -226,6 +226,41 @@ impl Utf8Decoder {
         }
     }
 
+    /// [`Utf8Decoder::decode`], but appending UTF-16 code units (what a JS string holds) to
+    /// `out`: exactly `String::from_utf8_lossy(..).encode_utf16()` of the whole stream, in one
+    /// pass over the bytes (no UTF-8 text in between). Used when the text goes to JS anyway
+    /// (`log`), where converting decoded text to UTF-16 would cost more than decoding it.
+    pub fn decode_utf16(&mut self, mut bytes: &[u8], out: &mut Vec<u16>) {
+        while !self.pending.is_empty() && !bytes.is_empty() {
+            let expected = sequence_len(self.pending[0]);
+            let take = expected.saturating_sub(self.pending.len()).min(bytes.len());
+            let mut head = std::mem::take(&mut self.pending);
+            head.extend_from_slice(&bytes[..take]);
+            bytes = &bytes[take..];
+            self.decode_whole_utf16(&head, out);
+        }
+        if !bytes.is_empty() {
+            self.decode_whole_utf16(bytes, out);
+        }
+    }
+
+    fn decode_whole_utf16(&mut self, bytes: &[u8], out: &mut Vec<u16>) {
+        let body = &bytes[..incomplete_tail_start(bytes)];
+        match simdutf8::basic::from_utf8(body) {
+            Ok(s) => push_utf16(s, out),
+            Err(_) => lossy_utf16(body, out),
+        }
+        self.pending.extend_from_slice(&bytes[body.len()..]);
+    }
+
+    /// [`Utf8Decoder::finish_into`] for [`Utf8Decoder::decode_utf16`].
+    pub fn finish_utf16(&mut self, out: &mut Vec<u16>) {
+        if !self.pending.is_empty() {
+            self.pending.clear();
+            out.push(0xFFFD);
+        }
+    }
+
     /// Ends the stream: an incomplete trailing sequence becomes U+FFFD.
     pub fn finish_into(&mut self, out: &mut String) {
         if !self.pending.is_empty() {
@@ -333,6 +368,126 @@ fn replace_block(bytes: &[u8], at: usize, dst: &mut [u8]) -> (usize, bool) {
     (pos, replaced)
 }
 
+/// Valid text as UTF-16, appended (ASCII widened in one vectorized pass).
+fn push_utf16(s: &str, out: &mut Vec<u16>) {
+    if s.is_ascii() {
+        out.extend(s.bytes().map(u16::from));
+    } else {
+        out.extend(s.encode_utf16());
+    }
+}
+
+/// `String::from_utf8_lossy(bytes).encode_utf16()` appended to `out`, for `bytes` that start
+/// and end a sequence: valid runs at SIMD speed, invalid parts by [`replace_block_utf16`]
+/// until a block comes out clean.
+fn lossy_utf16(bytes: &[u8], out: &mut Vec<u16>) {
+    out.reserve(bytes.len());
+    let mut at = 0;
+    while at < bytes.len() {
+        match simdutf8::compat::from_utf8(&bytes[at..]) {
+            Ok(s) => {
+                push_utf16(s, out);
+                break;
+            }
+            Err(e) => {
+                let valid = &bytes[at..at + e.valid_up_to()];
+                if let Ok(s) = simdutf8::basic::from_utf8(valid) {
+                    push_utf16(s, out);
+                }
+                at += valid.len();
+            }
+        }
+        loop {
+            // At most one unit per byte, and room for the last 2-unit write.
+            let o = out.len();
+            out.resize(o + BLOCK + 2, 0);
+            let (n, replaced) = replace_block_utf16(bytes, at, &mut out[o..]);
+            out.truncate(o + n);
+            at = (at + BLOCK).min(bytes.len());
+            // Back to the SIMD check after a clean block, where a sequence starts.
+            if at == bytes.len() || (!replaced && bytes[at] & 0xC0 != 0x80) {
+                break;
+            }
+        }
+    }
+}
+
+/// [`replace_block`] with UTF-16 output: every lane decides what its byte starts — a
+/// character (one unit, or a surrogate pair from a 4-byte lead), U+FFFD, or nothing (a byte
+/// inside a unit whose lead already wrote it) — from the same three bytes each side, and
+/// only the writes are sequential. A lead writes its whole character (it sees the three
+/// bytes after it), so no sequence is ever cut at a block boundary. Returns (units
+/// written, whether any U+FFFD was written); `dst` needs `BLOCK + 2` units of room.
+fn replace_block_utf16(bytes: &[u8], at: usize, dst: &mut [u16]) -> (usize, bool) {
+    let mut win = [0u8; BLOCK + 6];
+    let lo = at.saturating_sub(3);
+    let hi = (at + BLOCK + 3).min(bytes.len());
+    let off = lo + 3 - at;
+    win[off..off + (hi - lo)].copy_from_slice(&bytes[lo..hi]);
+
+    let mut reach1 = [0u8; BLOCK + 3];
+    let mut reach2 = [0u8; BLOCK + 3];
+    let mut reach3 = [0u8; BLOCK + 3];
+    let mut valid = [0u8; BLOCK + 3];
+    let n = BLOCK.min(bytes.len() - at);
+    for i in 0..n + 3 {
+        let b = win[i].cast_signed();
+        let b1 = win[i + 1].cast_signed();
+        let ascii = mask(b >= 0);
+        let lead2 = mask((-62..=-33).contains(&b));
+        let lead3 = mask((-32..=-17).contains(&b));
+        let lead4 = mask((-16..=-12).contains(&b));
+        let narrow = mask(b == -32 && b1 < -96)
+            | mask(b == -19 && b1 >= -96)
+            | mask(b == -16 && b1 < -112)
+            | mask(b == -12 && b1 >= -112);
+        let r1 = mask(b1 < -64) & !narrow & (lead2 | lead3 | lead4);
+        let r2 = r1 & mask(win[i + 2].cast_signed() < -64) & (lead3 | lead4);
+        let r3 = r2 & mask(win[i + 3].cast_signed() < -64) & lead4;
+        reach1[i] = r1;
+        reach2[i] = r2;
+        reach3[i] = r3;
+        valid[i] = ascii | (lead2 & r1) | (lead3 & r2) | r3;
+    }
+    let wide = |c: bool| 0u16.wrapping_sub(u16::from(c));
+    let mut first = [0u16; BLOCK];
+    let mut second = [0u16; BLOCK];
+    let mut units = [0u8; BLOCK];
+    let mut replaced = 0u8;
+    for i in 0..n {
+        let p = i + 3;
+        let b0 = win[p];
+        let [w0, w1, w2, w3] = [win[p], win[p + 1], win[p + 2], win[p + 3]].map(u16::from);
+        let cont = mask(b0.cast_signed() < -64);
+        let claimed = reach1[p - 1] | reach2[p - 2] | reach3[p - 3];
+        let ok = valid[p];
+        // The character a valid lead starts (a 4-byte one as its high surrogate).
+        let two = (w0 & 0x1F) << 6 | (w1 & 0x3F);
+        let three = (w0 & 0x0F) << 12 | (w1 & 0x3F) << 6 | (w2 & 0x3F);
+        let high = 0xD7C0u16.wrapping_add((w0 & 0x07) << 8 | (w1 & 0x3F) << 2 | ((w2 >> 4) & 0x03));
+        let low = 0xDC00 | (w2 & 0x0F) << 6 | (w3 & 0x3F);
+        let four = b0 >= 0xF0;
+        let ch = (w0 & wide(b0 < 0x80))
+            | (two & wide((0xC0..0xE0).contains(&b0)))
+            | (three & wide((0xE0..0xF0).contains(&b0)))
+            | (high & wide(four));
+        // U+FFFD: a lead that starts no valid sequence, or a continuation byte no lead claims.
+        let fffd = (!cont & !ok) | (cont & !claimed);
+        replaced |= fffd;
+        first[i] = (0xFFFD & wide(fffd != 0)) | (ch & wide(fffd == 0));
+        second[i] = low;
+        // Units: a continuation byte writes one only as U+FFFD; a lead two for a valid 4-byte one.
+        units[i] = (cont & fffd & 1) | (!cont & (1 + (ok & u8::from(four))));
+    }
+    let mut o = 0;
+    for i in 0..n {
+        dst[o] = first[i];
+        dst[o + 1] = second[i];
+        o += usize::from(units[i]);
+    }
+    (o, replaced != 0)
+}
+
 /// Where the last sequence that `bytes` cuts off starts (`bytes.len()` when none is cut).
 fn whole_sequences_end(bytes: &[u8]) -> usize {
     let n = bytes.len();
@@ -401,10 +556,26 @@ fn is_incomplete_prefix(b: &[u8]) -> bool {
 /// The last `cap` UTF-16 units of everything appended.
 pub struct Tail {
     cap: usize,
-    pieces: VecDeque<String>,
+    pieces: VecDeque<Piece>,
     units: VecDeque<usize>,
     total: usize,
     truncated: bool,
+}
+
+/// A piece of the tail: UTF-8 text, or UTF-16 units (text decoded for `log`, kept as it was
+/// handed to JS rather than converted back).
+enum Piece {
+    Text(String),
+    Wide(Vec<u16>),
+}
+
+impl Piece {
+    fn bytes(&self) -> usize {
+        match self {
+            Piece::Text(s) => s.len(),
+            Piece::Wide(w) => 2 * w.len(),
+        }
+    }
 }
 
 impl Tail {
@@ -414,15 +585,32 @@ impl Tail {
 
     pub fn push(&mut self, s: &str) {
         if !self.merge(s) {
-            self.add_piece(s.to_owned());
+            self.add_piece(Piece::Text(s.to_owned()), utf16_len(s));
         }
     }
 
     /// Same as [`Tail::push`], keeping `s` itself as a piece when it starts one.
     pub fn push_owned(&mut self, s: String) {
         if !self.merge(&s) {
-            self.add_piece(s);
+            let n = utf16_len(&s);
+            self.add_piece(Piece::Text(s), n);
         }
+    }
+
+    /// Appends UTF-16 units (valid UTF-16: pairs whole).
+    pub fn push_utf16(&mut self, w: &[u16]) {
+        if w.is_empty() {
+            return;
+        }
+        if let (Some(Piece::Wide(last)), Some(u)) = (self.pieces.back_mut(), self.units.back_mut()) {
+            if 2 * (last.len() + w.len()) <= PIECE_BYTES {
+                last.extend_from_slice(w);
+                *u += w.len();
+                self.grew(w.len());
+                return;
+            }
+        }
+        self.add_piece(Piece::Wide(w.to_vec()), w.len());
     }
 
     /// Appends `s` to the last piece when it fits (an empty `s` always "fits").
@@ -431,7 +619,7 @@ impl Tail {
             return true;
         }
         match (self.pieces.back_mut(), self.units.back_mut()) {
-            (Some(last), Some(u)) if last.len() + s.len() <= PIECE_BYTES => {
+            (Some(Piece::Text(last)), Some(u)) if last.len() + s.len() <= PIECE_BYTES => {
                 let n = utf16_len(s);
                 last.push_str(s);
                 *u += n;
@@ -442,11 +630,10 @@ impl Tail {
         }
     }
 
-    fn add_piece(&mut self, s: String) {
-        let n = utf16_len(&s);
-        self.pieces.push_back(s);
-        self.units.push_back(n);
-        self.grew(n);
+    fn add_piece(&mut self, p: Piece, units: usize) {
+        self.pieces.push_back(p);
+        self.units.push_back(units);
+        self.grew(units);
     }
 
     fn grew(&mut self, n: usize) {
@@ -467,8 +654,8 @@ impl Tail {
     /// The kept text: at most `cap` units, never starting inside a surrogate pair.
     pub fn into_string(mut self) -> String {
         let mut skip = self.total.saturating_sub(self.cap);
-        if let Some(front) = self.pieces.front_mut() {
-            if skip > 0 {
+        match self.pieces.front_mut() {
+            Some(Piece::Text(front)) if skip > 0 => {
                 let mut cut = front.len();
                 for (i, c) in front.char_indices() {
                     if skip == 0 {
@@ -480,18 +667,55 @@ impl Tail {
                 }
                 front.drain(..cut);
             }
+            Some(Piece::Wide(front)) if skip > 0 => {
+                let mut cut = skip.min(front.len());
+                // Never start with the low half of a pair: drop it too.
+                if front.get(cut).is_some_and(|u| (0xDC00..0xE000).contains(u)) {
+                    cut += 1;
+                }
+                front.drain(..cut);
+            }
+            _ => {}
         }
-        let len = self.pieces.iter().map(String::len).sum();
+        let len = self.pieces.iter().map(Piece::bytes).sum();
         let mut out = String::with_capacity(len);
         for p in &self.pieces {
-            out.push_str(p);
+            match p {
+                Piece::Text(t) => out.push_str(t),
+                Piece::Wide(w) => out.extend(char::decode_utf16(w.iter().copied()).map(|c| c.unwrap_or('\u{FFFD}'))),
+            }
         }
         out
     }
 }
 
 /// A chunk of decoded text for the caller's `log(stream, text)`.
-pub type LogLine = (StreamKind, String);
+pub type LogLine = (StreamKind, LogText);
+
+/// Decoded text as it goes to JS: UTF-8 (any text; ASCII is what a read of ASCII gives), or
+/// UTF-16 units (a read that was not ASCII, decoded straight to what a JS string holds).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum LogText {
+    Text(String),
+    Wide(Vec<u16>),
+}
+
+impl LogText {
+    pub fn is_empty(&self) -> bool {
+        match self {
+            LogText::Text(s) => s.is_empty(),
+            LogText::Wide(w) => w.is_empty(),
+        }
+    }
+
+    /// The text as a `String` (tests and callers that do not need UTF-16).
+    pub fn to_string_lossy(&self) -> String {
+        match self {
+            LogText::Text(s) => s.clone(),
+            LogText::Wide(w) => String::from_utf16_lossy(w),
+        }
+    }
+}
 
 /// One stream's decoder and tail.
 struct Capture {
@@ -535,6 +759,18 @@ impl Output {
     /// Decodes and records `bytes` of `stream`; waits while the log sink is full.
     /// The log gets one string per call, whatever the bytes.
     pub async fn write(&mut self, stream: StreamKind, bytes: &[u8]) -> Result<()> {
+        if self.sink.is_some() && !bytes.is_ascii() {
+            // For `log`, text that is not ASCII goes to JS as UTF-16: decode straight to it
+            // (the tail keeps those units), rather than to UTF-8 and then convert.
+            let mut wide = Vec::new();
+            let c = self.capture(stream);
+            c.decoder.decode_utf16(bytes, &mut wide);
+            if !wide.is_empty() {
+                c.tail.push_utf16(&wide);
+                self.send((stream, LogText::Wide(wide))).await;
+            }
+            return Ok(());
+        }
         let mut text = String::new();
         self.capture(stream).decoder.decode(bytes, &mut text);
         self.record(stream, text).await;
@@ -549,7 +785,7 @@ impl Output {
             self.capture(stream).tail.push_owned(text);
         } else {
             self.capture(stream).tail.push(&text);
-            self.send((stream, text)).await;
+            self.send((stream, LogText::Text(text))).await;
         }
     }
 
@@ -592,6 +828,18 @@ mod tests {
             d.write(c, &mut |s| out.push_str(s));
         }
         d.finish(&mut |s| out.push_str(s));
+        assert_eq!(decode_chunks_utf16(chunks), out.encode_utf16().collect::<Vec<_>>(), "UTF-16 of {chunks:x?}");
+        out
+    }
+
+    /// The same chunks through [`Utf8Decoder::decode_utf16`].
+    fn decode_chunks_utf16(chunks: &[&[u8]]) -> Vec<u16> {
+        let mut d = Utf8Decoder::default();
+        let mut out = Vec::new();
+        for c in chunks {
+            d.decode_utf16(c, &mut out);
+        }
+        d.finish_utf16(&mut out);
         out
     }
 
@@ -681,10 +929,16 @@ mod tests {
     /// `bytes` decoded in the chunks that the cut points `i <= j` make, by `decode`.
     fn decode_3(d: &mut Utf8Decoder, bytes: &[u8], i: usize, j: usize) -> String {
         let mut out = String::new();
+        let mut wide = Vec::new();
         for chunk in [&bytes[..i], &bytes[i..j], &bytes[j..]] {
             d.decode(chunk, &mut out);
         }
         d.finish_into(&mut out);
+        for chunk in [&bytes[..i], &bytes[i..j], &bytes[j..]] {
+            d.decode_utf16(chunk, &mut wide);
+        }
+        d.finish_utf16(&mut wide);
+        assert!(wide.iter().copied().eq(out.encode_utf16()), "UTF-16 of {bytes:x?} split at {i},{j}");
         out
     }
 
@@ -818,7 +1072,30 @@ mod tests {
         assert_eq!(c.stderr, "€");
         assert!(c.truncated);
         let seen = reader.await.unwrap();
-        let joined: Vec<String> = seen.iter().map(|(s, t)| format!("{}:{}", s.as_str(), t)).collect();
+        let joined: Vec<String> = seen.iter().map(|(s, t)| format!("{}:{}", s.as_str(), t.to_string_lossy())).collect();
         assert_eq!(joined, vec!["stdout:hello ", "stderr:€", "stdout:world"]);
+        // Reads that are not ASCII go to the log as UTF-16.
+        assert!(matches!(seen[1].1, LogText::Wide(_)), "{seen:?}");
+        assert!(matches!(seen[0].1, LogText::Text(_)), "{seen:?}");
+    }
+
+    #[tokio::test]
+    async fn a_tail_of_utf16_pieces_keeps_the_last_units_and_never_starts_inside_a_pair() {
+        // With a log, non-ASCII reads are kept as UTF-16: the same tail as text would give.
+        let (tx, mut rx) = mpsc::channel(64);
+        let drain = tokio::spawn(async move { while rx.recv().await.is_some() {} });
+        let mut out = Output::with_cap(5, Some(tx));
+        out.write(StreamKind::Stdout, "ab😀".as_bytes()).await.unwrap();
+        out.write(StreamKind::Stdout, b"\xffcd").await.unwrap();
+        out.write(StreamKind::Stdout, "x😀".as_bytes()).await.unwrap();
+        let c = out.finish().await;
+        // All: a b 😀(2) � c d x 😀(2) = 10 units; the last 5 are c d x 😀(2).
+        assert_eq!(c.stdout, "cdx😀");
+        assert!(c.truncated);
+        let mut t = Tail::new(2);
+        t.push_utf16(&"a😀b".encode_utf16().collect::<Vec<_>>());
+        // The last 2 units start with the low half of 😀: it is dropped whole.
+        assert_eq!(t.into_string(), "b");
+        drain.await.unwrap();
     }
 }

@@ -269,6 +269,17 @@ fn decode_into_split(bytes: &[u8], cut: &[usize]) -> String {
     out
 }
 
+/// [`decode_into_split`] through `Utf8Decoder::decode_utf16`.
+fn decode_utf16_split(bytes: &[u8], cut: &[usize]) -> Vec<u16> {
+    let mut d = Utf8Decoder::default();
+    let mut out = Vec::new();
+    for w in cut.windows(2) {
+        d.decode_utf16(&bytes[w[0]..w[1]], &mut out);
+    }
+    d.finish_utf16(&mut out);
+    out
+}
+
 /// Runs `Output` over the reads, returning (stdout, one log string per non-empty write).
 fn output_over_reads(bytes: &[u8], cut: &[usize], cap: usize) -> (String, bool, Vec<String>) {
     use createos_execute_core::output::Output;
@@ -284,7 +295,7 @@ fn output_over_reads(bytes: &[u8], cut: &[usize], cap: usize) -> (String, bool, 
         let mut logged = Vec::new();
         while let Ok((stream, text)) = rx.try_recv() {
             assert_eq!(stream, StreamKind::Stdout);
-            logged.push(text);
+            logged.push(text.to_string_lossy());
         }
         (captured.stdout, captured.truncated, logged)
     })
@@ -299,7 +310,9 @@ proptest! {
         raw_cuts in prop::collection::vec(any::<prop::sample::Index>(), 0..24),
     ) {
         let cut = cuts(bytes.len(), &raw_cuts);
-        prop_assert_eq!(decode_into_split(&bytes, &cut), String::from_utf8_lossy(&bytes).into_owned());
+        let whole = String::from_utf8_lossy(&bytes).into_owned();
+        prop_assert_eq!(decode_into_split(&bytes, &cut), whole.clone());
+        prop_assert_eq!(decode_utf16_split(&bytes, &cut), whole.encode_utf16().collect::<Vec<_>>());
     }
 
     #[test]
