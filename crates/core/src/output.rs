@@ -126,18 +126,23 @@ const SCRATCH_BYTES: usize = 48 * 1024;
 impl Utf8Decoder {
     /// Decodes `bytes`, appending the text to `out`. A sequence cut off at the end is kept
     /// for the next call.
-    pub fn decode(&mut self, mut bytes: &[u8], out: &mut String) {
-        // Finish a sequence left over from the previous chunk with as few bytes as it needs.
+    pub fn decode(&mut self, bytes: &[u8], out: &mut String) {
+        self.feed(bytes, out, Self::decode_whole);
+    }
+
+    /// Feeds `bytes` to `whole` (which decodes bytes that start a sequence), after finishing
+    /// a sequence left over from the previous chunk with as few bytes as it needs.
+    fn feed<O: ?Sized>(&mut self, mut bytes: &[u8], out: &mut O, whole: fn(&mut Self, &[u8], &mut O)) {
         while !self.pending.is_empty() && !bytes.is_empty() {
             let expected = sequence_len(self.pending[0]);
             let take = expected.saturating_sub(self.pending.len()).min(bytes.len());
             let mut head = std::mem::take(&mut self.pending);
             head.extend_from_slice(&bytes[..take]);
             bytes = &bytes[take..];
-            self.decode_whole(&head, out);
+            whole(self, &head, out);
         }
         if !bytes.is_empty() {
-            self.decode_whole(bytes, out);
+            whole(self, bytes, out);
         }
     }
 
@@ -230,18 +235,8 @@ impl Utf8Decoder {
     /// `out`: exactly `String::from_utf8_lossy(..).encode_utf16()` of the whole stream, in one
     /// pass over the bytes (no UTF-8 text in between). Used when the text goes to JS anyway
     /// (`log`), where converting decoded text to UTF-16 would cost more than decoding it.
-    pub fn decode_utf16(&mut self, mut bytes: &[u8], out: &mut Vec<u16>) {
-        while !self.pending.is_empty() && !bytes.is_empty() {
-            let expected = sequence_len(self.pending[0]);
-            let take = expected.saturating_sub(self.pending.len()).min(bytes.len());
-            let mut head = std::mem::take(&mut self.pending);
-            head.extend_from_slice(&bytes[..take]);
-            bytes = &bytes[take..];
-            self.decode_whole_utf16(&head, out);
-        }
-        if !bytes.is_empty() {
-            self.decode_whole_utf16(bytes, out);
-        }
+    pub fn decode_utf16(&mut self, bytes: &[u8], out: &mut Vec<u16>) {
+        self.feed(bytes, out, Self::decode_whole_utf16);
     }
 
     fn decode_whole_utf16(&mut self, bytes: &[u8], out: &mut Vec<u16>) {
@@ -285,6 +280,62 @@ fn mask(c: bool) -> u8 {
     0u8.wrapping_sub(u8::from(c))
 }
 
+/// The block of [`replace_block`] and [`replace_block_utf16`], classified lane by lane.
+struct Lanes {
+    /// `win[i] = bytes[at - 3 + i]`; zero (ASCII) outside `bytes`.
+    win: [u8; BLOCK + 6],
+    /// Per lane: the lane's lead has a subpart of at least 2 / 3 / 4 bytes.
+    reach1: [u8; BLOCK + 3],
+    reach2: [u8; BLOCK + 3],
+    reach3: [u8; BLOCK + 3],
+    /// The lane starts a valid sequence.
+    valid: [u8; BLOCK + 3],
+    /// Lanes in use.
+    n: usize,
+}
+
+impl Lanes {
+    /// Classifies the block `bytes[at..at + BLOCK]` (or what is left of it), without branches.
+    #[inline(always)]
+    fn classify(bytes: &[u8], at: usize) -> Lanes {
+        let mut win = [0u8; BLOCK + 6];
+        let lo = at.saturating_sub(3);
+        let hi = (at + BLOCK + 3).min(bytes.len());
+        let off = lo + 3 - at;
+        win[off..off + (hi - lo)].copy_from_slice(&bytes[lo..hi]);
+        // As i8, -128..=-65 is a continuation byte.
+        let mut reach1 = [0u8; BLOCK + 3];
+        let mut reach2 = [0u8; BLOCK + 3];
+        let mut reach3 = [0u8; BLOCK + 3];
+        let mut valid = [0u8; BLOCK + 3];
+        // Only the lanes in use: a short input (the end of a read, a sequence split across
+        // reads) costs what it is long.
+        let n = BLOCK.min(bytes.len() - at);
+        for i in 0..n + 3 {
+            let b = win[i].cast_signed();
+            let b1 = win[i + 1].cast_signed();
+            // Leads: C2..=DF, E0..=EF, F0..=F4 of 2, 3 and 4 bytes; then the second byte's
+            // narrower ranges: E0 A0..=BF, ED 80..=9F, F0 90..=BF, F4 80..=8F.
+            let ascii = mask(b >= 0);
+            let lead2 = mask((-62..=-33).contains(&b));
+            let lead3 = mask((-32..=-17).contains(&b));
+            let lead4 = mask((-16..=-12).contains(&b));
+            let narrow = mask(b == -32 && b1 < -96)
+                | mask(b == -19 && b1 >= -96)
+                | mask(b == -16 && b1 < -112)
+                | mask(b == -12 && b1 >= -112);
+            let r1 = mask(b1 < -64) & !narrow & (lead2 | lead3 | lead4);
+            let r2 = r1 & mask(win[i + 2].cast_signed() < -64) & (lead3 | lead4);
+            let r3 = r2 & mask(win[i + 3].cast_signed() < -64) & lead4;
+            reach1[i] = r1;
+            reach2[i] = r2;
+            reach3[i] = r3;
+            valid[i] = ascii | (lead2 & r1) | (lead3 & r2) | r3;
+        }
+        Lanes { win, reach1, reach2, reach3, valid, n }
+    }
+}
+
 /// Lossy-decodes the block `bytes[at..at + BLOCK]` (or what is left of it) into `dst`,
 /// returning (bytes written, whether any U+FFFD was written).
 ///
@@ -299,43 +350,7 @@ fn mask(c: bool) -> u8 {
 /// `at` must start a unit or be inside one whose lead is within the three bytes before it,
 /// and `bytes` must end a unit: bytes outside `bytes` count as ASCII.
 fn replace_block(bytes: &[u8], at: usize, dst: &mut [u8]) -> (usize, bool) {
-    // win[i] = bytes[at - 3 + i]; zero (ASCII) outside `bytes`.
-    let mut win = [0u8; BLOCK + 6];
-    let lo = at.saturating_sub(3);
-    let hi = (at + BLOCK + 3).min(bytes.len());
-    let off = lo + 3 - at;
-    win[off..off + (hi - lo)].copy_from_slice(&bytes[lo..hi]);
-
-    // Per lane (as i8: -128..=-65 is a continuation byte): reach1/2/3 = the lane's lead has
-    // a subpart of at least 2/3/4 bytes; valid = the lane starts a valid sequence.
-    let mut reach1 = [0u8; BLOCK + 3];
-    let mut reach2 = [0u8; BLOCK + 3];
-    let mut reach3 = [0u8; BLOCK + 3];
-    let mut valid = [0u8; BLOCK + 3];
-    // Only the lanes in use: a short input (the end of a read, a sequence split across
-    // reads) costs what it is long.
-    let n = BLOCK.min(bytes.len() - at);
-    for i in 0..n + 3 {
-        let b = win[i].cast_signed();
-        let b1 = win[i + 1].cast_signed();
-        // Leads: C2..=DF, E0..=EF, F0..=F4 of 2, 3 and 4 bytes; then the second byte's
-        // narrower ranges: E0 A0..=BF, ED 80..=9F, F0 90..=BF, F4 80..=8F.
-        let ascii = mask(b >= 0);
-        let lead2 = mask((-62..=-33).contains(&b));
-        let lead3 = mask((-32..=-17).contains(&b));
-        let lead4 = mask((-16..=-12).contains(&b));
-        let narrow = mask(b == -32 && b1 < -96)
-            | mask(b == -19 && b1 >= -96)
-            | mask(b == -16 && b1 < -112)
-            | mask(b == -12 && b1 >= -112);
-        let r1 = mask(b1 < -64) & !narrow & (lead2 | lead3 | lead4);
-        let r2 = r1 & mask(win[i + 2].cast_signed() < -64) & (lead3 | lead4);
-        let r3 = r2 & mask(win[i + 3].cast_signed() < -64) & lead4;
-        reach1[i] = r1;
-        reach2[i] = r2;
-        reach3[i] = r3;
-        valid[i] = ascii | (lead2 & r1) | (lead3 & r2) | r3;
-    }
+    let Lanes { win, reach1, reach2, reach3, valid, n } = Lanes::classify(bytes, at);
     // Output length per byte: 1 (itself), 0 (inside an invalid unit) or 3 (U+FFFD).
     let mut len = [0u8; BLOCK];
     for (i, l) in len[..n].iter_mut().enumerate() {
@@ -419,36 +434,7 @@ fn lossy_utf16(bytes: &[u8], out: &mut Vec<u16>) {
 /// bytes after it), so no sequence is ever cut at a block boundary. Returns (units
 /// written, whether any U+FFFD was written); `dst` needs `BLOCK + 2` units of room.
 fn replace_block_utf16(bytes: &[u8], at: usize, dst: &mut [u16]) -> (usize, bool) {
-    let mut win = [0u8; BLOCK + 6];
-    let lo = at.saturating_sub(3);
-    let hi = (at + BLOCK + 3).min(bytes.len());
-    let off = lo + 3 - at;
-    win[off..off + (hi - lo)].copy_from_slice(&bytes[lo..hi]);
-
-    let mut reach1 = [0u8; BLOCK + 3];
-    let mut reach2 = [0u8; BLOCK + 3];
-    let mut reach3 = [0u8; BLOCK + 3];
-    let mut valid = [0u8; BLOCK + 3];
-    let n = BLOCK.min(bytes.len() - at);
-    for i in 0..n + 3 {
-        let b = win[i].cast_signed();
-        let b1 = win[i + 1].cast_signed();
-        let ascii = mask(b >= 0);
-        let lead2 = mask((-62..=-33).contains(&b));
-        let lead3 = mask((-32..=-17).contains(&b));
-        let lead4 = mask((-16..=-12).contains(&b));
-        let narrow = mask(b == -32 && b1 < -96)
-            | mask(b == -19 && b1 >= -96)
-            | mask(b == -16 && b1 < -112)
-            | mask(b == -12 && b1 >= -112);
-        let r1 = mask(b1 < -64) & !narrow & (lead2 | lead3 | lead4);
-        let r2 = r1 & mask(win[i + 2].cast_signed() < -64) & (lead3 | lead4);
-        let r3 = r2 & mask(win[i + 3].cast_signed() < -64) & lead4;
-        reach1[i] = r1;
-        reach2[i] = r2;
-        reach3[i] = r3;
-        valid[i] = ascii | (lead2 & r1) | (lead3 & r2) | r3;
-    }
+    let Lanes { win, reach1, reach2, reach3, valid, n } = Lanes::classify(bytes, at);
     let wide = |c: bool| 0u16.wrapping_sub(u16::from(c));
     let mut first = [0u16; BLOCK];
     let mut second = [0u16; BLOCK];
