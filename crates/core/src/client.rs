@@ -300,33 +300,18 @@ impl Client {
         retry: Retry,
         timeout: Option<Duration>,
     ) -> Result<reqwest::Response> {
-        self.send_tracked(op, method, path, body, ctx, retry, timeout).await.0
+        self.send_tracked(op, method, path, body, ctx, retry, timeout, 0, &mut || {}).await.0
     }
 
     /// [`Client::send`], and whether a failed request may still have been applied: true when
     /// some attempt left without an answer that proves it was not (a lost connection after
     /// sending, a deadline or abort while on the wire, a gateway's 502/504). An error status
     /// from the server itself, a refused connection or an untrusted certificate prove nothing
-    /// was applied.
+    /// was applied. `attempts_done` attempts of the same request were already made (they
+    /// count against [`MAX_RETRIES`]); `on_send` is called each time an attempt, past the
+    /// pacer, is handed to the connection.
     #[allow(clippy::too_many_arguments)]
-    pub async fn send_tracked(
-        &self,
-        op: Operation,
-        method: Method,
-        path: &str,
-        body: Body,
-        ctx: &Ctx,
-        retry: Retry,
-        timeout: Option<Duration>,
-    ) -> (Result<reqwest::Response>, bool) {
-        self.send_tracked_from(op, method, path, body, ctx, retry, timeout, 0, &mut || {}).await
-    }
-
-    /// [`Client::send_tracked`] when `attempts_done` attempts of the same request were
-    /// already made (they count against [`MAX_RETRIES`]); `on_send` is called each time an
-    /// attempt, past the pacer, is handed to the connection.
-    #[allow(clippy::too_many_arguments)]
-    async fn send_tracked_from(
+    async fn send_tracked(
         &self,
         op: Operation,
         method: Method,
@@ -427,22 +412,17 @@ impl Client {
         on_send: &mut (dyn FnMut() + Send),
     ) -> Result<reqwest::Response> {
         let timeout = Some(self.request_timeout);
-        self.send_tracked_from(op, method, path, body, ctx, Retry::RateLimitOnly, timeout, 0, on_send).await.0
+        self.send_tracked(op, method, path, body, ctx, Retry::RateLimitOnly, timeout, 0, on_send).await.0
     }
 
     /// Uploads `bytes` to `path` inside the sandbox (PUT /files).
     pub async fn put_file(&self, sandbox_id: &str, path: &str, bytes: Bytes, ctx: &Ctx) -> Result<()> {
-        self.put_file_tracked(sandbox_id, path, bytes, ctx).await.0
+        self.put_file_after(sandbox_id, path, bytes, ctx, 0).await.0
     }
 
-    /// [`Client::put_file`], and whether a failed upload may still have been written (see
-    /// [`Client::send_tracked`]).
-    pub async fn put_file_tracked(&self, sandbox_id: &str, path: &str, bytes: Bytes, ctx: &Ctx) -> (Result<()>, bool) {
-        self.put_file_after(sandbox_id, path, bytes, ctx, 0).await
-    }
-
-    /// [`Client::put_file_tracked`] after `attempts_done` attempts of the same upload (a
-    /// held one: [`Client::put_file_held`]).
+    /// [`Client::put_file`] after `attempts_done` attempts of the same upload (a held one:
+    /// [`Client::put_file_held`]), and whether a failed upload may still have been written
+    /// (see [`Client::send_tracked`]).
     pub async fn put_file_after(
         &self,
         sandbox_id: &str,
@@ -453,7 +433,7 @@ impl Client {
     ) -> (Result<()>, bool) {
         let query: String = url::form_urlencoded::Serializer::new(String::new()).append_pair("path", path).finish();
         let (resp, maybe_applied) = self
-            .send_tracked_from(
+            .send_tracked(
                 Operation::FileTransfer,
                 Method::PUT,
                 &format!("/sandboxes/{sandbox_id}/files?{query}"),
@@ -474,7 +454,7 @@ impl Client {
     /// costs half a round trip. Dropping `release` (or this future) abandons the upload
     /// before any content was sent: a server that writes uploads as they stream keeps at most
     /// an empty file. One attempt, no retries (the body cannot be replayed): the caller
-    /// falls back to [`Client::put_file_tracked`]. Only the pacer wait and the caller's abort
+    /// falls back to [`Client::put_file_after`]. Only the pacer wait and the caller's abort
     /// bound this future; the caller bounds the wait for the answer once it released.
     pub async fn put_file_held(
         &self,
