@@ -225,6 +225,12 @@ impl Client {
             }
             None => ctx.run(send).await?,
         };
+        self.answer(resp, op).await
+    }
+
+    /// Maps an answer's status: a 2xx is the response; a redirect is refused; a 429 pauses
+    /// the origin's pacer for its `Retry-After` before it is returned as the API error.
+    async fn answer(&self, resp: reqwest::Response, op: Operation) -> Result<reqwest::Response> {
         let status = resp.status();
         if status.is_success() {
             return Ok(resp);
@@ -338,14 +344,7 @@ impl Client {
                 Ok(r) => return (Ok(r), true),
                 Err(e) => e,
             };
-            maybe_applied |= match &err {
-                Error::Api { status, .. } => matches!(status, 502 | 504),
-                Error::Connection { maybe_sent, .. } => *maybe_sent,
-                Error::UntrustedCertificate { .. } | Error::Redirect { .. } | Error::Input(_) | Error::Internal(_) => {
-                    false
-                }
-                _ => true,
-            };
+            maybe_applied |= may_have_applied(&err);
             attempt += 1;
             if attempt > MAX_RETRIES || !retryable(&err, &method, retry) {
                 return (Err(err), maybe_applied);
@@ -484,18 +483,7 @@ impl Client {
         let result = ctx
             .run(async {
                 let resp = req.send().await.map_err(|e| send_error(&e, op))?;
-                let status = resp.status();
-                if status.is_success() {
-                    return Ok(());
-                }
-                if status.is_redirection() {
-                    return Err(Error::Redirect { op });
-                }
-                if status == StatusCode::TOO_MANY_REQUESTS {
-                    let wait = retry_after(&resp).unwrap_or(DEFAULT_RETRY_AFTER).min(MAX_RETRY_AFTER);
-                    self.pacer.pause(wait).await;
-                }
-                Err(Error::Api { status: status.as_u16(), op })
+                self.answer(resp, op).await.map(drop)
             })
             .await;
         // The duration counts from the release (the request was complete then), or, for an
@@ -506,15 +494,7 @@ impl Client {
         if sent.get().is_none() {
             return HeldUpload::Unsent { attempted: true };
         }
-        let maybe_written = match &result {
-            Ok(()) => true,
-            Err(Error::Api { status, .. }) => matches!(status, 502 | 504),
-            Err(Error::Connection { maybe_sent, .. }) => *maybe_sent,
-            Err(Error::UntrustedCertificate { .. } | Error::Redirect { .. } | Error::Input(_) | Error::Internal(_)) => {
-                false
-            }
-            Err(_) => true,
-        };
+        let maybe_written = result.as_ref().err().is_none_or(may_have_applied);
         HeldUpload::Sent(result, maybe_written)
     }
 }
@@ -576,6 +556,18 @@ impl http_body::Body for HeldBody {
 /// Whether a failed upload may be sent again (the retry rules of the module doc, for PUT).
 pub fn upload_retryable(err: &Error) -> bool {
     retryable(err, &Method::PUT, Retry::Safe)
+}
+
+/// Whether a request that failed with `err` may still have been applied: not when the
+/// answer came from the server itself (an error status other than a gateway's 502/504), a
+/// redirect was refused, the certificate did not verify, or nothing was sent.
+fn may_have_applied(err: &Error) -> bool {
+    match err {
+        Error::Api { status, .. } => matches!(status, 502 | 504),
+        Error::Connection { maybe_sent, .. } => *maybe_sent,
+        Error::UntrustedCertificate { .. } | Error::Redirect { .. } | Error::Input(_) | Error::Internal(_) => false,
+        _ => true,
+    }
 }
 
 /// A failed send: an untrusted certificate (nothing was sent), or a lost connection.
