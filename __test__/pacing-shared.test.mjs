@@ -14,10 +14,14 @@ import { startEmu } from './helpers.mjs'
 const CHILD = fileURLToPath(new URL('./pacing-child.mjs', import.meta.url))
 const PROCESSES = 4
 const THREADS = 2
-/** The emulator's limit, and the client's budget: the same count over a window 200 ms longer,
- *  because a start decided in Redis reaches the emulator a little later (scheduling, HTTP). */
+/** The emulator's limit, and the client's budget: the same count over a window 500 ms longer,
+ *  because a start decided in Redis reaches the emulator later (scheduling, HTTP), and the
+ *  emulator stamps a request when its own process gets to it: under the parallel test legs of
+ *  CI a stall of a few hundred ms bunched requests past a 200 ms margin (3 × 429 once in a
+ *  Node 22 leg; not reproduced alone, with or without two busy CPU loops beside it). The
+ *  contrast below (a budget per process, 56 × 429) still shows what the shared store does. */
 const EMU_LIMIT = { limit: 30, windowMs: 1000 }
-const PACING = { limit: 30, windowMs: 1200 }
+const PACING = { limit: 30, windowMs: 1500 }
 const sleep = (ms) => new Promise((r) => setTimeout(r, ms))
 
 const cleanups = []
