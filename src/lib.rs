@@ -54,27 +54,6 @@ fn log_text(text: LogText) -> JsText {
     }
 }
 
-/// The size of a log chunk in memory.
-fn log_bytes(text: &LogText) -> usize {
-    match text {
-        LogText::Text(s) => s.len(),
-        LogText::Wide(w) => 2 * w.len(),
-    }
-}
-
-/// Appends `more` to `acc` (as UTF-16 when either is).
-fn join_log(acc: &mut LogText, more: LogText) {
-    match (&mut *acc, more) {
-        (LogText::Text(a), LogText::Text(b)) => a.push_str(&b),
-        (LogText::Wide(a), LogText::Wide(b)) => a.extend_from_slice(&b),
-        (LogText::Wide(a), LogText::Text(b)) => a.extend(b.encode_utf16()),
-        (LogText::Text(a), LogText::Wide(b)) => {
-            let mut w: Vec<u16> = a.encode_utf16().collect();
-            w.extend_from_slice(&b);
-            *acc = LogText::Wide(w);
-        }
-    }
-}
 /// `onEvent(kind, data)`: kind is `connected`, `stdout`, `stderr` or `pty`.
 type EventFn =
     ThreadsafeFunction<FnArgs<(String, Option<Buffer>)>, (), FnArgs<(String, Option<Buffer>)>, Status, false, true>;
@@ -455,8 +434,8 @@ async fn forward_logs(mut rx: mpsc::Receiver<LogLine>, log: LogFn, gone: Abort) 
         // Join what is already queued for the same stream while JS is busy.
         loop {
             match rx.try_recv() {
-                Ok((s, t)) if s == stream && log_bytes(&text) + log_bytes(&t) <= LOG_BATCH_BYTES => {
-                    join_log(&mut text, t);
+                Ok((s, t)) if s == stream && text.size() + t.size() <= LOG_BATCH_BYTES => {
+                    text.append(t);
                 }
                 Ok(other) => {
                     next = Some(other);

@@ -388,20 +388,8 @@ impl Client {
     }
 
     /// Opens a stream (NDJSON); no total timeout, the reader applies an idle timeout.
+    /// `on_send` is called when the request (past the pacer) is handed to the connection.
     pub async fn open_stream(
-        &self,
-        op: Operation,
-        method: Method,
-        path: &str,
-        body: Body,
-        ctx: &Ctx,
-    ) -> Result<reqwest::Response> {
-        self.open_stream_notify(op, method, path, body, ctx, &mut || {}).await
-    }
-
-    /// [`Client::open_stream`], calling `on_send` when the request (past the pacer) is handed
-    /// to the connection.
-    pub async fn open_stream_notify(
         &self,
         op: Operation,
         method: Method,

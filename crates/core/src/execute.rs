@@ -477,7 +477,8 @@ async fn run_stream(
         body["stdin"] = Value::from(stdin.as_str());
     }
     let path = format!("/sandboxes/{}/exec?stream=true", params.sandbox_id);
-    let resp = client.open_stream(Operation::WorkspaceCommand, Method::POST, &path, Body::Json(body), ctx).await?;
+    let resp =
+        client.open_stream(Operation::WorkspaceCommand, Method::POST, &path, Body::Json(body), ctx, &mut || {}).await?;
     let mut bytes = resp.bytes_stream();
     let mut lines = LineSplitter::new();
     let idle = cfg.follow.idle_timeout;

@@ -222,7 +222,7 @@ async fn connect_once(
     opts: &FollowOptions,
 ) -> Result<Attempt> {
     let opened = client
-        .open_stream_notify(
+        .open_stream(
             Operation::OutputConnection,
             Method::GET,
             &format!("{base}/connect?after={cursor}"),

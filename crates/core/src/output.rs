@@ -694,6 +694,28 @@ impl LogText {
         }
     }
 
+    /// Its size in memory, in bytes.
+    pub fn size(&self) -> usize {
+        match self {
+            LogText::Text(s) => s.len(),
+            LogText::Wide(w) => 2 * w.len(),
+        }
+    }
+
+    /// Appends `more` (as UTF-16 when either is), for joining chunks that wait for JS.
+    pub fn append(&mut self, more: LogText) {
+        match (&mut *self, more) {
+            (LogText::Text(a), LogText::Text(b)) => a.push_str(&b),
+            (LogText::Wide(a), LogText::Wide(b)) => a.extend_from_slice(&b),
+            (LogText::Wide(a), LogText::Text(b)) => a.extend(b.encode_utf16()),
+            (LogText::Text(a), LogText::Wide(b)) => {
+                let mut w: Vec<u16> = a.encode_utf16().collect();
+                w.extend_from_slice(&b);
+                *self = LogText::Wide(w);
+            }
+        }
+    }
+
     /// The text as a `String` (tests and callers that do not need UTF-16).
     pub fn to_string_lossy(&self) -> String {
         match self {
@@ -806,6 +828,16 @@ pub fn pipe_stream(stream: StreamKind) -> Result<StreamKind> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A fixed xorshift byte stream from `seed` (the same bytes on every run).
+    fn xorshift(mut x: u64) -> impl Iterator<Item = u8> {
+        std::iter::repeat_with(move || {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            x.to_le_bytes()[0]
+        })
+    }
 
     fn decode_chunks(chunks: &[&[u8]]) -> String {
         let mut d = Utf8Decoder::default();
@@ -972,18 +1004,13 @@ mod tests {
     fn errors_at_every_density_equal_lossy_decoding() {
         // Text with a bad byte every `gap` bytes: from random-like to rare, so the decoder
         // switches between the SIMD check and the block decoder at many places.
-        let mut x: u64 = 0x2545_F491_4F6C_DD1D;
+        let mut noise = xorshift(0x2545_F491_4F6C_DD1D);
         let mut d = Utf8Decoder::default();
         for gap in [1usize, 2, 3, 7, 60, 255, 256, 257, 600, 5000] {
             let text = "aé€😀z".repeat(40_000 / 10);
             let mut bytes = text.into_bytes();
-            let mut k = 0;
-            while k < bytes.len() {
-                x ^= x << 13;
-                x ^= x >> 7;
-                x ^= x << 17;
-                bytes[k] = x.to_le_bytes()[0];
-                k += gap;
+            for k in (0..bytes.len()).step_by(gap) {
+                bytes[k] = noise.next().unwrap_or(0);
             }
             let want = String::from_utf8_lossy(&bytes);
             let n = bytes.len();
@@ -1012,15 +1039,7 @@ mod tests {
 
     #[test]
     fn to_utf16_matches_std_for_text_and_decoded_binary() {
-        let mut x: u64 = 0x9E37_79B9_7F4A_7C15;
-        let random: Vec<u8> = (0..100_000)
-            .map(|_| {
-                x ^= x << 13;
-                x ^= x >> 7;
-                x ^= x << 17;
-                x.to_le_bytes()[0]
-            })
-            .collect();
+        let random: Vec<u8> = xorshift(0x9E37_79B9_7F4A_7C15).take(100_000).collect();
         let binary = String::from_utf8_lossy(&random).into_owned();
         let pairs = "\u{FFFD}😀a\u{10FFFF}é\u{10000}€\u{FFFD}\u{FFFF}".repeat(500);
         for s in ["", "abc", "é€😀", &"aé€😀z".repeat(3000), &binary, &pairs] {
@@ -1063,6 +1082,26 @@ mod tests {
         // Reads that are not ASCII go to the log as UTF-16.
         assert!(matches!(seen[1].1, LogText::Wide(_)), "{seen:?}");
         assert!(matches!(seen[0].1, LogText::Text(_)), "{seen:?}");
+    }
+
+    #[test]
+    fn log_texts_join_in_order_whatever_their_form() {
+        let wide = |s: &str| LogText::Wide(s.encode_utf16().collect());
+        for (a, b) in [
+            (LogText::Text("ab".into()), LogText::Text("é".into())),
+            (LogText::Text("ab".into()), wide("é😀")),
+            (wide("😀"), LogText::Text("cd".into())),
+            (wide("x"), wide("\u{FFFD}")),
+        ] {
+            let want = a.to_string_lossy() + &b.to_string_lossy();
+            let mut joined = a;
+            joined.append(b);
+            assert_eq!(joined.to_string_lossy(), want);
+            assert_eq!(
+                joined.size(),
+                if matches!(joined, LogText::Wide(_)) { 2 * want.encode_utf16().count() } else { want.len() }
+            );
+        }
     }
 
     #[tokio::test]

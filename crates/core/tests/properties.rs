@@ -354,7 +354,9 @@ proptest! {
         raw_cuts in prop::collection::vec(any::<prop::sample::Index>(), 0..40),
     ) {
         let cut = cuts(bytes.len(), &raw_cuts);
-        prop_assert_eq!(decode_into_split(&bytes, &cut), String::from_utf8_lossy(&bytes).into_owned());
+        let whole = String::from_utf8_lossy(&bytes).into_owned();
+        prop_assert_eq!(decode_into_split(&bytes, &cut), whole.clone());
+        prop_assert_eq!(decode_utf16_split(&bytes, &cut), whole.encode_utf16().collect::<Vec<_>>());
     }
 }
 
