@@ -27,7 +27,7 @@ use createos_execute_core::config::{self, Config};
 use createos_execute_core::error::Error;
 use createos_execute_core::events::{Event, EventSink};
 use createos_execute_core::execute::{self, ExecuteResult, FollowEvent};
-use createos_execute_core::output::{self, LogLine, LogText};
+use createos_execute_core::output::{self, LogLine, Text};
 use createos_execute_core::script;
 
 /// `log(stream, text)`: weak (does not keep Node alive), errors handled by the caller's wrapper.
@@ -35,24 +35,18 @@ use createos_execute_core::script;
 /// thread only copies it (V8's own UTF-8 decoding of non-ASCII text is the slow part of `log`).
 type JsText = Either<String, Utf16String>;
 
-/// Text handed to JS as UTF-16 unless it is ASCII: the result's `stdout`/`stderr` too
-/// (up to 4,194,304 characters each, which V8 would otherwise decode on the JS thread).
-fn js_text(text: String) -> JsText {
-    if text.is_ascii() {
-        Either::A(text)
-    } else {
-        Either::B(Utf16String::from(output::to_utf16(&text)))
+/// Text as JS gets it, for `log` chunks and the result's `stdout`/`stderr` (up to 4,194,304
+/// characters each): UTF-16 unless it is ASCII, converted here, off the JS thread (V8's own
+/// decoding of non-ASCII UTF-8 would run on it); UTF-16 decoded straight from the bytes
+/// stays so.
+fn js_text(text: Text) -> JsText {
+    match text {
+        Text::Utf8(s) if s.is_ascii() => Either::A(s),
+        Text::Utf8(s) => Either::B(Utf16String::from(output::to_utf16(&s))),
+        Text::Utf16(w) => Either::B(Utf16String::from(w)),
     }
 }
 type LogFn = ThreadsafeFunction<FnArgs<(String, JsText)>, (), FnArgs<(String, JsText)>, Status, false, true>;
-
-/// A log chunk as JS gets it: UTF-16 decoded straight from the bytes stays so.
-fn log_text(text: LogText) -> JsText {
-    match text {
-        LogText::Text(s) => js_text(s),
-        LogText::Wide(w) => Either::B(Utf16String::from(w)),
-    }
-}
 
 /// `onEvent(kind, data)`: kind is `connected`, `stdout`, `stderr` or `pty`.
 type EventFn =
@@ -66,8 +60,12 @@ const EVENT_QUEUE: usize = 1024;
 
 /// How many decoded chunks may wait for the JS thread before the reader slows down.
 const LOG_QUEUE: usize = 64;
-/// Adjacent chunks of one stream are joined up to this size when JS is behind.
-const LOG_BATCH_BYTES: usize = 1 << 20;
+/// Adjacent chunks of one stream are joined up to this size (UTF-16 bytes, or UTF-8 bytes
+/// for ASCII) when JS is behind; a bigger read goes alone. It keeps each string under V8's
+/// 128 KiB limit for objects of the young generation: a bigger string gets fresh pages of
+/// its own (page faults on the JS thread), which made `log` of binary output 2–3× slower per
+/// byte, and then JS fell further behind and the batches grew (issue 13).
+const LOG_BATCH_BYTES: usize = (128 << 10) - 64;
 
 /// The caller's `AbortSignal`, as seen from Rust. `index.js` calls `cancel` from the signal's
 /// abort listener (or before the call, when the signal is already aborted).
@@ -444,7 +442,7 @@ async fn forward_logs(mut rx: mpsc::Receiver<LogLine>, log: LogFn, gone: Abort) 
                 Err(_) => break,
             }
         }
-        let text = log_text(text);
+        let text = js_text(text);
         tokio::select! {
             _ = log.call_async_catch(FnArgs::from((stream.as_str().to_owned(), text))) => {}
             () = gone.aborted() => break,

@@ -100,7 +100,7 @@ async fn execute(base: &str, key: &str, sandbox_id: &str) -> Result<u64, Box<dyn
     if result.exit_code != Some(0) {
         return Err(format!("exit code {:?}", result.exit_code).into());
     }
-    Ok(result.stdout.len() as u64)
+    Ok(result.stdout.to_string().len() as u64)
 }
 
 /// In-memory timings of each step on the fast stream's lines (see the module doc).

@@ -35,7 +35,7 @@ use crate::config::{Config, Leftover, Params};
 use crate::error::{CleanupReason, Error, Operation, Result, PANIC};
 use crate::follow::{self, Followed, Sink};
 use crate::hooks::{self, Phase};
-use crate::output::{self, Captured, LogLine, Output};
+use crate::output::{self, Captured, LogLine, Output, Text};
 use crate::pacer;
 use crate::script::{self, Gate};
 use crate::stream::{self, LineSplitter, StreamKind};
@@ -49,8 +49,9 @@ pub struct ExecuteResult {
     pub exit_code: Option<i32>,
     pub signal: Option<String>,
     pub timed_out: bool,
-    pub stdout: String,
-    pub stderr: String,
+    /// The output's tail, in the form it was decoded to (see [`Text`]).
+    pub stdout: Text,
+    pub stderr: Text,
     pub process_id: Option<String>,
     pub output_truncated: bool,
     /// Whether the process tree had exited when the command finished (None = unknown).

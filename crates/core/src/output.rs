@@ -3,9 +3,10 @@
 //!
 //! Memory is bounded by design: the tail keeps pieces of at most [`PIECE_BYTES`] and drops
 //! whole pieces from the front once the rest already holds the cap, so nothing is re-copied
-//! per chunk; the exact cut happens once, in [`Tail::into_string`].
+//! per chunk; the exact cut happens once, in [`Tail::into_text`].
 
 use std::collections::VecDeque;
+use std::fmt::Write as _;
 
 use tokio::sync::mpsc;
 
@@ -397,6 +398,8 @@ fn push_utf16(s: &str, out: &mut Vec<u16>) {
 /// until a block comes out clean.
 fn lossy_utf16(bytes: &[u8], out: &mut Vec<u16>) {
     out.reserve(bytes.len());
+    // At most one unit per byte, and room for the last 2-unit write.
+    let mut block = [0u16; BLOCK + 2];
     let mut at = 0;
     while at < bytes.len() {
         match simdutf8::compat::from_utf8(&bytes[at..]) {
@@ -413,11 +416,10 @@ fn lossy_utf16(bytes: &[u8], out: &mut Vec<u16>) {
             }
         }
         loop {
-            // At most one unit per byte, and room for the last 2-unit write.
-            let o = out.len();
-            out.resize(o + BLOCK + 2, 0);
-            let (n, replaced) = replace_block_utf16(bytes, at, &mut out[o..]);
-            out.truncate(o + n);
+            // Written on the stack, then copied: zeroing room in `out` first would cost a
+            // pass over fresh memory.
+            let (n, replaced) = replace_block_utf16(bytes, at, &mut block);
+            out.extend_from_slice(&block[..n]);
             at = (at + BLOCK).min(bytes.len());
             // Back to the SIMD check after a clean block, where a sequence starts.
             if at == bytes.len() || (!replaced && bytes[at] & 0xC0 != 0x80) {
@@ -432,8 +434,8 @@ fn lossy_utf16(bytes: &[u8], out: &mut Vec<u16>) {
 /// inside a unit whose lead already wrote it) — from the same three bytes each side, and
 /// only the writes are sequential. A lead writes its whole character (it sees the three
 /// bytes after it), so no sequence is ever cut at a block boundary. Returns (units
-/// written, whether any U+FFFD was written); `dst` needs `BLOCK + 2` units of room.
-fn replace_block_utf16(bytes: &[u8], at: usize, dst: &mut [u16]) -> (usize, bool) {
+/// written, whether any U+FFFD was written).
+fn replace_block_utf16(bytes: &[u8], at: usize, dst: &mut [u16; BLOCK + 2]) -> (usize, bool) {
     let Lanes { win, reach1, reach2, reach3, valid, n } = Lanes::classify(bytes, at);
     let wide = |c: bool| 0u16.wrapping_sub(u16::from(c));
     let mut first = [0u16; BLOCK];
@@ -637,8 +639,9 @@ impl Tail {
         self.truncated
     }
 
-    /// The kept text: at most `cap` units, never starting inside a surrogate pair.
-    pub fn into_string(mut self) -> String {
+    /// The kept text: at most `cap` units, never starting inside a surrogate pair. UTF-16
+    /// when any piece is (what JS gets anyway: no round trip through UTF-8), else UTF-8.
+    pub fn into_text(mut self) -> Text {
         let mut skip = self.total.saturating_sub(self.cap);
         match self.pieces.front_mut() {
             Some(Piece::Text(front)) if skip > 0 => {
@@ -663,64 +666,116 @@ impl Tail {
             }
             _ => {}
         }
-        let len = self.pieces.iter().map(Piece::bytes).sum();
-        let mut out = String::with_capacity(len);
+        if self.pieces.iter().any(|p| matches!(p, Piece::Wide(_))) {
+            let mut out = Vec::with_capacity(self.total.min(self.cap) + 1);
+            for p in &self.pieces {
+                match p {
+                    Piece::Text(t) => push_utf16(t, &mut out),
+                    Piece::Wide(w) => out.extend_from_slice(w),
+                }
+            }
+            return Text::Utf16(out);
+        }
+        let mut out = String::with_capacity(self.pieces.iter().map(Piece::bytes).sum());
         for p in &self.pieces {
-            match p {
-                Piece::Text(t) => out.push_str(t),
-                Piece::Wide(w) => out.extend(char::decode_utf16(w.iter().copied()).map(|c| c.unwrap_or('\u{FFFD}'))),
+            if let Piece::Text(t) = p {
+                out.push_str(t);
             }
         }
-        out
+        Text::Utf8(out)
     }
 }
 
 /// A chunk of decoded text for the caller's `log(stream, text)`.
-pub type LogLine = (StreamKind, LogText);
+pub type LogLine = (StreamKind, Text);
 
-/// Decoded text as it goes to JS: UTF-8 (any text; ASCII is what a read of ASCII gives), or
-/// UTF-16 units (a read that was not ASCII, decoded straight to what a JS string holds).
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum LogText {
-    Text(String),
-    Wide(Vec<u16>),
+/// Decoded text, in the form it was decoded to: UTF-8 (any text; ASCII is what a read of
+/// ASCII gives), or UTF-16 units (text that was not ASCII, decoded for `log` straight to what
+/// a JS string holds, and a tail that kept such pieces). Both forms hold valid text: the
+/// UTF-16 comes from decoding bytes, and a tail never starts inside a surrogate pair.
+/// Compare it with `&str` and print it with `Display`, whatever its form.
+#[derive(Debug, Clone, Eq)]
+pub enum Text {
+    Utf8(String),
+    Utf16(Vec<u16>),
 }
 
-impl LogText {
+impl Default for Text {
+    fn default() -> Self {
+        Text::Utf8(String::new())
+    }
+}
+
+impl std::fmt::Display for Text {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Text::Utf8(s) => f.write_str(s),
+            Text::Utf16(w) => {
+                char::decode_utf16(w.iter().copied()).try_for_each(|c| f.write_char(c.unwrap_or('\u{FFFD}')))
+            }
+        }
+    }
+}
+
+impl PartialEq for Text {
+    /// Equal text, whatever the forms.
+    fn eq(&self, other: &Text) -> bool {
+        match (self, other) {
+            (Text::Utf8(a), Text::Utf8(b)) => a == b,
+            (Text::Utf16(a), Text::Utf16(b)) => a == b,
+            (Text::Utf8(s), Text::Utf16(w)) | (Text::Utf16(w), Text::Utf8(s)) => s.encode_utf16().eq(w.iter().copied()),
+        }
+    }
+}
+
+impl PartialEq<str> for Text {
+    fn eq(&self, other: &str) -> bool {
+        match self {
+            Text::Utf8(s) => s == other,
+            Text::Utf16(w) => other.encode_utf16().eq(w.iter().copied()),
+        }
+    }
+}
+
+impl PartialEq<&str> for Text {
+    fn eq(&self, other: &&str) -> bool {
+        *self == **other
+    }
+}
+
+impl PartialEq<String> for Text {
+    fn eq(&self, other: &String) -> bool {
+        *self == **other
+    }
+}
+
+impl Text {
     pub fn is_empty(&self) -> bool {
         match self {
-            LogText::Text(s) => s.is_empty(),
-            LogText::Wide(w) => w.is_empty(),
+            Text::Utf8(s) => s.is_empty(),
+            Text::Utf16(w) => w.is_empty(),
         }
     }
 
     /// Its size in memory, in bytes.
     pub fn size(&self) -> usize {
         match self {
-            LogText::Text(s) => s.len(),
-            LogText::Wide(w) => 2 * w.len(),
+            Text::Utf8(s) => s.len(),
+            Text::Utf16(w) => 2 * w.len(),
         }
     }
 
     /// Appends `more` (as UTF-16 when either is), for joining chunks that wait for JS.
-    pub fn append(&mut self, more: LogText) {
+    pub fn append(&mut self, more: Text) {
         match (&mut *self, more) {
-            (LogText::Text(a), LogText::Text(b)) => a.push_str(&b),
-            (LogText::Wide(a), LogText::Wide(b)) => a.extend_from_slice(&b),
-            (LogText::Wide(a), LogText::Text(b)) => a.extend(b.encode_utf16()),
-            (LogText::Text(a), LogText::Wide(b)) => {
+            (Text::Utf8(a), Text::Utf8(b)) => a.push_str(&b),
+            (Text::Utf16(a), Text::Utf16(b)) => a.extend_from_slice(&b),
+            (Text::Utf16(a), Text::Utf8(b)) => a.extend(b.encode_utf16()),
+            (Text::Utf8(a), Text::Utf16(b)) => {
                 let mut w: Vec<u16> = a.encode_utf16().collect();
                 w.extend_from_slice(&b);
-                *self = LogText::Wide(w);
+                *self = Text::Utf16(w);
             }
-        }
-    }
-
-    /// The text as a `String` (tests and callers that do not need UTF-16).
-    pub fn to_string_lossy(&self) -> String {
-        match self {
-            LogText::Text(s) => s.clone(),
-            LogText::Wide(w) => String::from_utf16_lossy(w),
         }
     }
 }
@@ -742,8 +797,8 @@ pub struct Output {
 /// What a finished capture holds.
 #[derive(Debug, Clone, PartialEq, Default)]
 pub struct Captured {
-    pub stdout: String,
-    pub stderr: String,
+    pub stdout: Text,
+    pub stderr: Text,
     pub truncated: bool,
 }
 
@@ -775,7 +830,7 @@ impl Output {
             c.decoder.decode_utf16(bytes, &mut wide);
             if !wide.is_empty() {
                 c.tail.push_utf16(&wide);
-                self.send((stream, LogText::Wide(wide))).await;
+                self.send((stream, Text::Utf16(wide))).await;
             }
             return Ok(());
         }
@@ -793,7 +848,7 @@ impl Output {
             self.capture(stream).tail.push_owned(text);
         } else {
             self.capture(stream).tail.push(&text);
-            self.send((stream, LogText::Text(text))).await;
+            self.send((stream, Text::Utf8(text))).await;
         }
     }
 
@@ -813,7 +868,7 @@ impl Output {
             self.record(stream, text).await;
         }
         let truncated = self.stdout.tail.truncated() || self.stderr.tail.truncated();
-        Captured { stdout: self.stdout.tail.into_string(), stderr: self.stderr.tail.into_string(), truncated }
+        Captured { stdout: self.stdout.tail.into_text(), stderr: self.stderr.tail.into_text(), truncated }
     }
 }
 
@@ -1024,17 +1079,17 @@ mod tests {
         t.push("abc");
         t.push("def");
         assert!(t.truncated());
-        assert_eq!(t.into_string(), "bcdef");
+        assert_eq!(t.into_text(), "bcdef");
         let mut t = Tail::new(3);
         t.push("a😀b"); // 4 units: dropping "a" keeps exactly 3
-        assert_eq!(t.into_string(), "😀b");
+        assert_eq!(t.into_text(), "😀b");
         let mut t = Tail::new(3);
         t.push("😀ab"); // keeping 3 would split the pair → keep "ab" only
-        assert_eq!(t.into_string(), "ab");
+        assert_eq!(t.into_text(), "ab");
         let mut t = Tail::new(4);
         t.push("a😀b");
         assert!(!t.truncated());
-        assert_eq!(t.into_string(), "a😀b");
+        assert_eq!(t.into_text(), "a😀b");
     }
 
     #[test]
@@ -1077,31 +1132,57 @@ mod tests {
         assert_eq!(c.stderr, "€");
         assert!(c.truncated);
         let seen = reader.await.unwrap();
-        let joined: Vec<String> = seen.iter().map(|(s, t)| format!("{}:{}", s.as_str(), t.to_string_lossy())).collect();
+        let joined: Vec<String> = seen.iter().map(|(s, t)| format!("{}:{}", s.as_str(), t)).collect();
         assert_eq!(joined, vec!["stdout:hello ", "stderr:€", "stdout:world"]);
         // Reads that are not ASCII go to the log as UTF-16.
-        assert!(matches!(seen[1].1, LogText::Wide(_)), "{seen:?}");
-        assert!(matches!(seen[0].1, LogText::Text(_)), "{seen:?}");
+        assert!(matches!(seen[1].1, Text::Utf16(_)), "{seen:?}");
+        assert!(matches!(seen[0].1, Text::Utf8(_)), "{seen:?}");
     }
 
     #[test]
     fn log_texts_join_in_order_whatever_their_form() {
-        let wide = |s: &str| LogText::Wide(s.encode_utf16().collect());
+        let wide = |s: &str| Text::Utf16(s.encode_utf16().collect());
         for (a, b) in [
-            (LogText::Text("ab".into()), LogText::Text("é".into())),
-            (LogText::Text("ab".into()), wide("é😀")),
-            (wide("😀"), LogText::Text("cd".into())),
+            (Text::Utf8("ab".into()), Text::Utf8("é".into())),
+            (Text::Utf8("ab".into()), wide("é😀")),
+            (wide("😀"), Text::Utf8("cd".into())),
             (wide("x"), wide("\u{FFFD}")),
         ] {
-            let want = a.to_string_lossy() + &b.to_string_lossy();
+            let want = a.to_string() + &b.to_string();
             let mut joined = a;
             joined.append(b);
-            assert_eq!(joined.to_string_lossy(), want);
+            assert_eq!(joined.to_string(), want);
             assert_eq!(
                 joined.size(),
-                if matches!(joined, LogText::Wide(_)) { 2 * want.encode_utf16().count() } else { want.len() }
+                if matches!(joined, Text::Utf16(_)) { 2 * want.encode_utf16().count() } else { want.len() }
             );
         }
+    }
+
+    #[test]
+    fn text_compares_and_prints_the_same_in_either_form() {
+        for s in ["", "abc", "é€😀", "a\u{FFFD}b"] {
+            let wide = Text::Utf16(s.encode_utf16().collect());
+            let narrow = Text::Utf8(s.to_owned());
+            assert_eq!(wide, narrow);
+            assert_eq!(wide, s);
+            assert_eq!(narrow, s.to_owned());
+            assert_eq!(wide.to_string(), s);
+        }
+        assert_ne!(Text::Utf16("ab".encode_utf16().collect()), Text::Utf8("abc".into()));
+        assert_ne!(Text::Utf16("ab".encode_utf16().collect()), "a");
+        // A tail of text pieces only stays UTF-8, its ASCII included.
+        let mut t = Tail::new(4);
+        t.push("ab");
+        t.push("é€");
+        assert_eq!(t.into_text(), Text::Utf8("abé€".into()));
+        // One UTF-16 piece makes the whole kept text UTF-16, in order.
+        let mut t = Tail::new(4);
+        t.push("xab");
+        t.push_utf16(&"😀".encode_utf16().collect::<Vec<_>>());
+        let kept = t.into_text();
+        assert!(matches!(kept, Text::Utf16(_)), "{kept:?}");
+        assert_eq!(kept, "ab😀");
     }
 
     #[tokio::test]
@@ -1116,11 +1197,13 @@ mod tests {
         let c = out.finish().await;
         // All: a b 😀(2) � c d x 😀(2) = 10 units; the last 5 are c d x 😀(2).
         assert_eq!(c.stdout, "cdx😀");
+        // Kept as the UTF-16 it was decoded to (the binding hands it to JS as it is).
+        assert!(matches!(c.stdout, Text::Utf16(_)), "{:?}", c.stdout);
         assert!(c.truncated);
         let mut t = Tail::new(2);
         t.push_utf16(&"a😀b".encode_utf16().collect::<Vec<_>>());
         // The last 2 units start with the low half of 😀: it is dropped whole.
-        assert_eq!(t.into_string(), "b");
+        assert_eq!(t.into_text(), "b");
         drain.await.unwrap();
     }
 }

@@ -154,7 +154,7 @@ async fn leftover_background_child_is_reported_and_ended_when_asked() {
         let sb = emu.create_sandbox_now();
         let script = "sleep 30 >/dev/null 2>&1 & echo started";
         let r = execute(&cfg(&emu, json!({})), &params(&sb, script), Abort::new(), None).await.unwrap();
-        assert_eq!((r.exit_code, r.tree_exited, r.stdout.as_str()), (Some(0), Some(false), "started\n"));
+        assert_eq!((r.exit_code, r.tree_exited, r.stdout.to_string().as_str()), (Some(0), Some(false), "started\n"));
         assert_eq!(count(&emu, "deleteProcess"), 0, "keep: nothing is ended");
         assert!(!emu.live_pids().is_empty(), "the child is still running");
         emu.clear_requests();
@@ -174,7 +174,7 @@ async fn success_costs_three_requests_and_four_with_stdin() {
         let sb = emu.create_sandbox_now();
         let c = cfg(&emu, json!({}));
         let r = execute(&c, &params(&sb, "echo hi"), Abort::new(), None).await.unwrap();
-        assert_eq!((r.exit_code, r.stdout.as_str(), r.tree_exited), (Some(0), "hi\n", Some(true)));
+        assert_eq!((r.exit_code, r.stdout.to_string().as_str(), r.tree_exited), (Some(0), "hi\n", Some(true)));
         assert_eq!(log(&emu), vec!["POST createProcess 201", "GET connect 200", "PUT putFile 200"]);
         emu.clear_requests();
         let p = parse_params(&json!({ "sandboxId": sb, "command": "cat", "stdin": "abc" })).unwrap();
@@ -228,7 +228,7 @@ async fn frames_lost_just_before_the_exit_are_replayed_not_dropped() {
         let r = execute(&cfg(&emu, json!({})), &params(&sb, "printf a; sleep 0.05; printf b"), Abort::new(), None)
             .await
             .unwrap();
-        assert_eq!((r.exit_code, r.stdout.as_str()), (Some(0), "ab"));
+        assert_eq!((r.exit_code, r.stdout.to_string().as_str()), (Some(0), "ab"));
         let connects: Vec<_> = emu.requests().into_iter().filter(|q| q.route == "connect").map(|q| q.query).collect();
         assert_eq!(connects, vec!["after=0", "after=1"]);
     })

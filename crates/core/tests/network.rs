@@ -79,7 +79,7 @@ async fn held_headers_do_not_hold_the_command_until_a_heartbeat() {
         let sb = emu.create_sandbox_now();
         let started = std::time::Instant::now();
         let r = execute(&cfg(&emu, json!({})), &params(&sb, "printf 'a\\nb'", None), Abort::new(), None).await.unwrap();
-        assert_eq!((r.exit_code, r.stdout.as_str()), (Some(0), "a\nb"));
+        assert_eq!((r.exit_code, r.stdout.to_string().as_str()), (Some(0), "a\nb"));
         assert!(started.elapsed() < Duration::from_secs(20), "the command waited for a heartbeat");
         let reqs = emu.requests();
         let routes: Vec<&str> = reqs.iter().map(|r| r.route).collect();
@@ -193,7 +193,7 @@ async fn a_gate_stuck_behind_a_saturated_pacer_never_runs_the_command_and_the_pr
         // The caller's timeout fired before the command could start: a timeout with no
         // output, never an exit status of the command (no 125 from the gate's own wait).
         assert!(r.timed_out, "{r:?}");
-        assert_eq!((r.exit_code, r.stdout.as_str()), (None, ""));
+        assert_eq!((r.exit_code, r.stdout.to_string().as_str()), (None, ""));
         assert_nothing_alive(&emu).await;
         let reqs = emu.requests();
         let handled: Vec<&str> = reqs.iter().filter(|r| r.received_ms.is_some()).map(|r| r.route).collect();
@@ -216,7 +216,7 @@ async fn on_a_cold_http1_client_the_gate_request_goes_out_beside_the_creation() 
     with_emulator(opts, |emu| async move {
         let sb = emu.create_sandbox_now();
         let r = execute(&cfg(&emu, json!({})), &params(&sb, "echo hi", None), Abort::new(), None).await.unwrap();
-        assert_eq!((r.exit_code, r.stdout.as_str()), (Some(0), "hi\n"));
+        assert_eq!((r.exit_code, r.stdout.to_string().as_str()), (Some(0), "hi\n"));
         let reqs = emu.requests();
         let routes: Vec<&str> = reqs.iter().map(|r| r.route).collect();
         assert_eq!(routes, ["createProcess", "connect", "putFile"]);

@@ -108,7 +108,7 @@ fn check_chunks(chunks: &[String], cap: usize) -> Result<(), TestCaseError> {
         t.push(c);
     }
     let truncated = t.truncated();
-    check_tail(&chunks.concat(), cap, truncated, &t.into_string())
+    check_tail(&chunks.concat(), cap, truncated, &t.into_text().to_string())
 }
 
 proptest! {
@@ -237,7 +237,7 @@ proptest! {
         let mut t = Tail::new(cap);
         let whole = decode_split(&bytes, &cut, Some(&mut t));
         let truncated = t.truncated();
-        check_tail(&whole, cap, truncated, &t.into_string())?;
+        check_tail(&whole, cap, truncated, &t.into_text().to_string())?;
     }
 }
 
@@ -295,9 +295,9 @@ fn output_over_reads(bytes: &[u8], cut: &[usize], cap: usize) -> (String, bool, 
         let mut logged = Vec::new();
         while let Ok((stream, text)) = rx.try_recv() {
             assert_eq!(stream, StreamKind::Stdout);
-            logged.push(text.to_string_lossy());
+            logged.push(text.to_string());
         }
-        (captured.stdout, captured.truncated, logged)
+        (captured.stdout.to_string(), captured.truncated, logged)
     })
 }
 
