@@ -45,7 +45,7 @@ fuzz_target!(|data: &[u8]| {
     let units: Vec<u16> = whole.encode_utf16().collect();
     assert_eq!(utf16_len(&whole), units.len());
     let truncated = tail.truncated();
-    let kept = tail.into_string();
+    let kept = tail.into_text().to_string();
     assert_eq!(truncated, units.len() > cap, "truncated flag");
     let kept_units: Vec<u16> = kept.encode_utf16().collect();
     let start = units.len().saturating_sub(cap);
