@@ -30,6 +30,18 @@ fn random_bytes(n: usize) -> Vec<u8> {
         .collect()
 }
 
+/// MB/s of `input_len` bytes for each of `runs` calls of `once`, as a JSON array's items.
+fn timed(runs: usize, input_len: usize, mut once: impl FnMut()) -> String {
+    let speeds: Vec<String> = (0..runs)
+        .map(|_| {
+            let t = Instant::now();
+            once();
+            format!("{:.1}", input_len as f64 / 1e6 / t.elapsed().as_secs_f64())
+        })
+        .collect();
+    speeds.join(",")
+}
+
 fn main() -> Result<(), Box<dyn std::error::Error>> {
     let args: Vec<String> = std::env::args().collect();
     let mib: usize = args.get(1).map_or(Ok(64), |s| s.parse())?;
@@ -43,27 +55,21 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     let rt = tokio::runtime::Builder::new_current_thread().build()?;
     let mut json = Vec::new();
     for (name, bytes) in &inputs {
-        let mut speeds = Vec::new();
-        for _ in 0..runs {
-            let t = Instant::now();
+        let speeds = timed(runs, bytes.len(), || {
             let captured = rt.block_on(async {
                 let mut output = Output::new(None);
                 for chunk in bytes.chunks(64 * 1024) {
-                    output.write(StreamKind::Stdout, chunk).await?;
+                    output.write(StreamKind::Stdout, chunk).await.expect("write");
                 }
-                Ok::<_, createos_execute_core::error::Error>(output.finish().await)
-            })?;
-            let secs = t.elapsed().as_secs_f64();
+                output.finish().await
+            });
             std::hint::black_box(captured);
-            speeds.push(format!("{:.1}", bytes.len() as f64 / 1e6 / secs));
-        }
-        json.push(format!("\"{name}\":[{}]", speeds.join(",")));
+        });
+        json.push(format!("\"{name}\":[{speeds}]"));
     }
     // The decoder alone (no tail), into one reused string.
     for (name, bytes) in &inputs {
-        let mut speeds = Vec::new();
-        for _ in 0..runs {
-            let t = Instant::now();
+        let speeds = timed(runs, bytes.len(), || {
             let mut decoder = Utf8Decoder::default();
             let mut text = String::new();
             let mut total = 0;
@@ -74,16 +80,13 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
             }
             decoder.finish_into(&mut text);
             std::hint::black_box(total);
-            speeds.push(format!("{:.1}", bytes.len() as f64 / 1e6 / t.elapsed().as_secs_f64()));
-        }
-        json.push(format!("\"{name}, Utf8Decoder without the tail\":[{}]", speeds.join(",")));
+        });
+        json.push(format!("\"{name}, Utf8Decoder without the tail\":[{speeds}]"));
     }
     // Straight to UTF-16 (`Utf8Decoder::decode_utf16`, what `log` gets for reads that are not
     // ASCII), into one reused buffer.
     for (name, bytes) in &inputs[1..] {
-        let mut speeds = Vec::new();
-        for _ in 0..runs {
-            let t = Instant::now();
+        let speeds = timed(runs, bytes.len(), || {
             let mut decoder = Utf8Decoder::default();
             let mut units = Vec::new();
             let mut total = 0;
@@ -94,9 +97,8 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
             }
             decoder.finish_utf16(&mut units);
             std::hint::black_box(total);
-            speeds.push(format!("{:.1}", bytes.len() as f64 / 1e6 / t.elapsed().as_secs_f64()));
-        }
-        json.push(format!("\"{name}, straight to UTF-16 (decode_utf16)\":[{}]", speeds.join(",")));
+        });
+        json.push(format!("\"{name}, straight to UTF-16 (decode_utf16)\":[{speeds}]"));
     }
     // Handing the decoded text to JS as UTF-16 (`output::to_utf16`, what `log` and the result
     // get when the text is not ASCII), in MB/s of the raw input; std's `encode_utf16` beside it.
@@ -117,29 +119,21 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         let convs: [(&str, Convert); 2] =
             [("to_utf16", to_utf16), ("std encode_utf16", |s| s.encode_utf16().collect())];
         for (conv, f) in convs {
-            let mut speeds = Vec::new();
-            for _ in 0..runs {
-                let t = Instant::now();
+            let speeds = timed(runs, bytes.len(), || {
                 let units: usize = pieces.iter().map(|p| f(p).len()).sum();
                 std::hint::black_box(units);
-                speeds.push(format!("{:.1}", bytes.len() as f64 / 1e6 / t.elapsed().as_secs_f64()));
-            }
-            json.push(format!("\"{name}, its text to UTF-16, {conv}\":[{}]", speeds.join(",")));
+            });
+            json.push(format!("\"{name}, its text to UTF-16, {conv}\":[{speeds}]"));
         }
     }
     // The reference: std's lossy conversion of the same random reads (what the decoder must
     // equal), one allocation per read.
-    let mut speeds = Vec::new();
-    for _ in 0..runs {
-        let t = Instant::now();
-        let mut total = 0;
-        for chunk in inputs[2].1.chunks(64 * 1024) {
-            total += String::from_utf8_lossy(chunk).len();
-        }
+    let random = &inputs[2].1;
+    let speeds = timed(runs, random.len(), || {
+        let total: usize = random.chunks(64 * 1024).map(|c| String::from_utf8_lossy(c).len()).sum();
         std::hint::black_box(total);
-        speeds.push(format!("{:.1}", inputs[2].1.len() as f64 / 1e6 / t.elapsed().as_secs_f64()));
-    }
-    json.push(format!("\"random, std String::from_utf8_lossy (reference)\":[{}]", speeds.join(",")));
+    });
+    json.push(format!("\"random, std String::from_utf8_lossy (reference)\":[{speeds}]"));
     println!("{{{}}}", json.join(","));
     Ok(())
 }
