@@ -703,8 +703,9 @@ async function binaryOutput(opts) {
   const emu = await startEmu('child', { journalBytes: bytes + MiB })
   emulators.push(emu)
   // The emulator keeps every process's journal until its sandbox is deleted: 30 runs of
-  // 64 MiB grew it past 3.5 GB, and its page faults then stalled the later rows (random with
-  // `log`, the last one, ran at half speed). Each row gets a sandbox of its own, deleted after.
+  // 64 MiB grew it past 3.5 GB, and the stream then stalled for 30–70 ms at a time in the
+  // later rows (random with `log`, the last one, ran at half speed while the client's CPU time
+  // stayed the same). Each row gets a sandbox of its own, deleted after.
   let sb = await emu.createSandbox()
   const client = clientFor(emu, 'off')
   const kinds = {
