@@ -14,14 +14,17 @@ import { startEmu } from './helpers.mjs'
 const CHILD = fileURLToPath(new URL('./pacing-child.mjs', import.meta.url))
 const PROCESSES = 4
 const THREADS = 2
-/** The emulator's limit, and the client's budget: the same count over a window 500 ms longer,
+/** The emulator's limit, and the client's budget: the same count over a window 1000 ms longer,
  *  because a start decided in Redis reaches the emulator later (scheduling, HTTP), and the
- *  emulator stamps a request when its own process gets to it: under the parallel test legs of
- *  CI a stall of a few hundred ms bunched requests past a 200 ms margin (3 × 429 once in a
- *  Node 22 leg; not reproduced alone, with or without two busy CPU loops beside it). The
- *  contrast below (a budget per process, 56 × 429) still shows what the shared store does. */
+ *  emulator stamps a request when its own process gets to it. A stall of the emulator's
+ *  process longer than the margin stamps the starts decided during it together, and the
+ *  window after the stall then holds more than `limit` of them. Under the parallel test legs
+ *  of CI that happened with a 200 ms margin (3 × 429 once in a Node 22 leg), and one Node 22
+ *  leg failed one test later with 500 ms (its name was not in the printed excerpt; this test
+ *  had failed in that leg before). The contrast below (a budget per process: 79 × 429 in one
+ *  run) still shows what the shared store does. */
 const EMU_LIMIT = { limit: 30, windowMs: 1000 }
-const PACING = { limit: 30, windowMs: 1500 }
+const PACING = { limit: 30, windowMs: 2000 }
 const sleep = (ms) => new Promise((r) => setTimeout(r, ms))
 
 const cleanups = []
