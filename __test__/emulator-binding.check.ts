@@ -3,7 +3,9 @@ import * as native from "../emulator/binding.js";
 import * as pkgTypes from "createos-execute-emulator";
 
 async function emulator(): Promise<void> {
-  const emu: native.Emulator = await native.startEmulator({ port: 0, apiKey: "k", rateLimitPerMinute: null, journalBytes: 1024 });
+  const emu: native.Emulator = await native.startEmulator({ port: 0, apiKey: "k", rateLimitPerMinute: null, journalBytes: 1024, retainedBytes: null });
+  const bounded: pkgTypes.Emulator = await pkgTypes.startEmulator({ journalBytes: 1024, retainedBytes: 1 << 20 });
+  void bounded;
   const url: string = emu.url;
   const key: string = emu.apiKey;
   const reqs = emu.requests();

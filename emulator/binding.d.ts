@@ -26,7 +26,10 @@ export declare class Emulator {
   clearFaults(): void
   /** Creates a sandbox without a request; returns its id. */
   createSandbox(): string
-  /** Every byte a process wrote (recorded apart from the journal). */
+  /**
+   * Every byte a process wrote (recorded apart from the journal); null for an unknown
+   * sandbox or process. Throws once the output was dropped to stay within `retainedBytes`.
+   */
   processOutput(sandboxId: string, processId: string): ProcessOutput | null
   /** Pids still alive that this emulator started (any depth). */
   livePids(): Array<number>
@@ -71,4 +74,4 @@ export interface ProcessOutput {
 }
 
 /** Starts the local CreateOS emulator on 127.0.0.1. */
-export declare function startEmulator(options?: { port?: number; apiKey?: string; rateLimitPerMinute?: number | null; rateLimit?: { limit: number; windowMs: number } | null; journalBytes?: number; tls?: boolean; http2?: boolean; rttMs?: number; holdHeaders?: boolean; heartbeatMs?: number } | undefined | null): Promise<Emulator>
+export declare function startEmulator(options?: { port?: number; apiKey?: string; rateLimitPerMinute?: number | null; rateLimit?: { limit: number; windowMs: number } | null; journalBytes?: number; retainedBytes?: number | null; tls?: boolean; http2?: boolean; rttMs?: number; holdHeaders?: boolean; heartbeatMs?: number } | undefined | null): Promise<Emulator>

@@ -17,6 +17,13 @@ export interface EmulatorOptions {
   /** Output journal per process, in bytes. Default 1 MiB. */
   journalBytes?: number
   /**
+   * Budget, in bytes, for the output kept for EXITED processes across sandboxes (journal plus
+   * the `processOutput` capture). Beyond it the processes that exited first lose their output:
+   * a replay answers `output_offset_expired`, `processOutput` throws. Running processes never
+   * count. Default 256 MiB; `null` or 0: unbounded.
+   */
+  retainedBytes?: number | null
+  /**
    * Serve HTTPS from a CA and leaf generated at start (see `caPem`). The leaf is valid for
    * `localhost`, `createos.test` and `127.0.0.1`; `url` becomes `https://127.0.0.1:PORT`.
    * Default false.
@@ -81,6 +88,11 @@ export declare class Emulator {
   clearFaults(): void
   /** Creates a running sandbox and returns its id. */
   createSandbox(): string
+  /**
+   * Every byte the process wrote (each stream capped at 64 MiB); `null` for an unknown sandbox
+   * or process. Throws "output of process X is no longer retained (retainedBytes)" once its
+   * output was dropped to stay within `retainedBytes`.
+   */
   processOutput(sandboxId: string, processId: string): { stdout: Buffer; stderr: Buffer } | null
   /** Pids of every process the emulator started that is still alive. */
   livePids(): number[]

@@ -2,7 +2,8 @@
 'use strict'
 
 // createos-emulator [--port N] [--api-key K] [--rate-limit N|off] [--journal-bytes N]
-//                   [--tls] [--no-http2] [--rtt-ms N] [--hold-headers] [--heartbeat-ms N]
+//                   [--retained-bytes N|off] [--tls] [--no-http2] [--rtt-ms N]
+//                   [--hold-headers] [--heartbeat-ms N]
 //
 // Runs the local CreateOS emulator until SIGINT/SIGTERM. It runs real processes
 // on this machine and isolates nothing: for tests, demos and development only.
@@ -13,12 +14,15 @@ const path = require('node:path')
 const { startEmulator } = require('..')  // createos-execute-emulator
 
 const USAGE = `usage: createos-emulator [--port N] [--api-key K] [--rate-limit N|off] [--journal-bytes N]
-                         [--tls] [--no-http2] [--rtt-ms N] [--hold-headers] [--heartbeat-ms N]
+                         [--retained-bytes N|off] [--tls] [--no-http2] [--rtt-ms N]
+                         [--hold-headers] [--heartbeat-ms N]
 
   --port N           TCP port on 127.0.0.1 (default: a free one)
   --api-key K        the key clients must send (default: a random one, printed)
   --rate-limit N     requests per minute per key (default 300); 'off' disables it
   --journal-bytes N  output journal per process (default 1048576)
+  --retained-bytes N output kept for exited processes, all together (default 268435456);
+                     beyond it the oldest exits lose theirs; 'off' disables the bound
   --tls              serve HTTPS (ALPN h2 and http/1.1) from a CA made at start; the CA is
                      written to a temp file, printed as CREATEOS_CA_FILE=..., removed on exit
   --no-http2         offer HTTP/1.1 only
@@ -70,6 +74,12 @@ function parseArgs(argv) {
       case '--journal-bytes':
         opts.journalBytes = int(take(), '--journal-bytes')
         break
+      case '--retained-bytes': {
+        const raw = take()
+        opts.retainedBytes = raw === 'off' ? null : int(raw, '--retained-bytes')
+        if (opts.retainedBytes === 0) opts.retainedBytes = null
+        break
+      }
       case '--tls':
         opts.tls = true
         break

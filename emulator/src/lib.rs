@@ -65,7 +65,7 @@ pub struct ProcessOutput {
 
 /// Starts the local CreateOS emulator on 127.0.0.1.
 #[napi(
-    ts_args_type = "options?: { port?: number; apiKey?: string; rateLimitPerMinute?: number | null; rateLimit?: { limit: number; windowMs: number } | null; journalBytes?: number; tls?: boolean; http2?: boolean; rttMs?: number; holdHeaders?: boolean; heartbeatMs?: number } | undefined | null"
+    ts_args_type = "options?: { port?: number; apiKey?: string; rateLimitPerMinute?: number | null; rateLimit?: { limit: number; windowMs: number } | null; journalBytes?: number; retainedBytes?: number | null; tls?: boolean; http2?: boolean; rttMs?: number; holdHeaders?: boolean; heartbeatMs?: number } | undefined | null"
 )]
 pub async fn start_emulator(options: Option<Value>) -> Result<Emulator> {
     let opts: EmulatorOptions = match options {
@@ -136,12 +136,14 @@ impl Emulator {
         self.inner.create_sandbox_now()
     }
 
-    /// Every byte a process wrote (recorded apart from the journal).
+    /// Every byte a process wrote (recorded apart from the journal); null for an unknown
+    /// sandbox or process. Throws once the output was dropped to stay within `retainedBytes`.
     #[napi]
-    pub fn process_output(&self, sandbox_id: String, process_id: String) -> Option<ProcessOutput> {
-        self.inner
-            .process_output(&sandbox_id, &process_id)
-            .map(|(o, e)| ProcessOutput { stdout: o.into(), stderr: e.into() })
+    pub fn process_output(&self, sandbox_id: String, process_id: String) -> Result<Option<ProcessOutput>> {
+        match self.inner.process_output(&sandbox_id, &process_id) {
+            Ok(out) => Ok(out.map(|(o, e)| ProcessOutput { stdout: o.into(), stderr: e.into() })),
+            Err(e) => Err(Error::from_reason(e.to_string())),
+        }
     }
 
     /// Pids still alive that this emulator started (any depth).

@@ -58,6 +58,16 @@
 //! the emulator records all output of each process for [`Emulator::process_output`], capped at
 //! 64 MiB per stream (bytes beyond the cap are not recorded).
 //!
+//! Both stay after the process exits, bounded across processes (and sandboxes) by
+//! [`EmulatorOptions::retained_bytes`] (default 256 MiB): once a process has exited (its leader
+//! exited and both pipes reached EOF) its journal and capture bytes join a FIFO of exited
+//! processes, and while their total exceeds the budget the process that exited first loses its
+//! journal frames and its capture. Its numbering stays (`newest_seq` unchanged, `oldest_seq =
+//! newest_seq + 1`, `output.bytes` 0), so a `connect?after=N` with `N < newest_seq` answers the
+//! `output_offset_expired` error frame, and [`Emulator::process_output`] answers
+//! [`OutputNotRetained`] rather than empty output. Output of a running process is never
+//! dropped by the budget; deleting a sandbox takes its processes out of the total.
+//!
 //! Connect streams are fed from the journal only (a `watch` channel signals "something
 //! changed"; each stream copies frames out of the journal under a short lock and writes them to
 //! a small bounded channel), so a slow client never makes the emulator buffer more than the
@@ -85,6 +95,7 @@ mod faults;
 mod model;
 mod net;
 mod procfs;
+mod retention;
 mod server;
 mod streams;
 mod tls;
@@ -109,6 +120,40 @@ use model::Sandbox;
 pub const MAX_RTT_MS: u64 = 60_000;
 /// Largest [`EmulatorOptions::heartbeat_ms`] (one day).
 pub const MAX_HEARTBEAT_MS: u64 = 86_400_000;
+/// Default [`EmulatorOptions::retained_bytes`] (256 MiB).
+pub const DEFAULT_RETAINED_BYTES: usize = 256 * 1024 * 1024;
+
+/// What [`Emulator::process_output`] recorded: (stdout, stderr).
+pub type Captured = (Vec<u8>, Vec<u8>);
+
+/// [`Emulator::process_output`] of a process whose output was dropped to stay within
+/// [`EmulatorOptions::retained_bytes`].
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct OutputNotRetained {
+    pub process_id: String,
+}
+
+impl std::fmt::Display for OutputNotRetained {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "output of process {} is no longer retained (retainedBytes)", self.process_id)
+    }
+}
+
+impl std::error::Error for OutputNotRetained {}
+
+/// [`Emulator::retained`]: the output held for exited processes.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct RetainedOutput {
+    /// Journal plus capture bytes of exited processes (of sandboxes not deleted).
+    pub bytes: usize,
+    /// Exited processes still holding output.
+    pub processes: usize,
+    /// Processes that exited so far (leader exited, both pipes at EOF) in sandboxes not yet
+    /// deleted at that moment.
+    pub exits: u64,
+    /// Processes whose output was dropped to stay within the budget, so far.
+    pub evictions: u64,
+}
 
 /// Options of [`start`]. Deserializable from camelCase JSON; every field is optional.
 #[derive(Clone, Debug, Deserialize)]
@@ -125,6 +170,11 @@ pub struct EmulatorOptions {
     pub rate_limit: Option<RateLimit>,
     /// Raw output bytes retained per process in the replay journal. Default 1 MiB.
     pub journal_bytes: usize,
+    /// Budget for the output retained by exited processes, across sandboxes: journal plus
+    /// [`Emulator::process_output`] capture bytes. Beyond it the output of the processes that
+    /// exited first is dropped (see "Output journal" above). Default `Some(256 MiB)`; `None` or
+    /// 0 = unbounded. Running processes are never counted.
+    pub retained_bytes: Option<usize>,
     /// Root directory for sandbox directories. Default: a fresh temp dir removed on close.
     pub root_dir: Option<PathBuf>,
     /// Serve HTTPS from a CA and leaf generated at start ([`Emulator::ca_pem`]); the leaf is
@@ -154,6 +204,7 @@ impl Default for EmulatorOptions {
             rate_limit_per_minute: Some(300),
             rate_limit: None,
             journal_bytes: 1_048_576,
+            retained_bytes: Some(DEFAULT_RETAINED_BYTES),
             root_dir: None,
             tls: false,
             http2: true,
@@ -211,6 +262,11 @@ pub(crate) struct Inner {
     pub owns_root: bool,
     pub started: Instant,
     pub journal_bytes: usize,
+    /// Output retained by exited processes ([`EmulatorOptions::retained_bytes`]). Lock order:
+    /// this before a process's journal or capture.
+    pub retention: Mutex<retention::Retention<model::Retained>>,
+    /// Next [`model::Proc::key`].
+    pub next_key: AtomicU64,
     pub rate_limit: Option<u32>,
     pub rate_window: Duration,
     pub addr: SocketAddr,
@@ -338,6 +394,8 @@ pub async fn start(opts: EmulatorOptions) -> std::io::Result<Emulator> {
         owns_root,
         started: Instant::now(),
         journal_bytes: opts.journal_bytes,
+        retention: Mutex::new(retention::Retention::new(opts.retained_bytes.filter(|n| *n > 0))),
+        next_key: AtomicU64::new(0),
         rate_limit: opts.rate_limit.map_or(opts.rate_limit_per_minute, |r| Some(r.limit)).filter(|n| *n > 0),
         rate_window: opts.rate_limit.map_or(Duration::from_secs(60), |r| Duration::from_millis(r.window_ms.max(1))),
         addr,
@@ -417,12 +475,26 @@ impl Emulator {
             .expect("create sandbox directory")
     }
 
-    /// All bytes the process wrote (stdout, stderr), each capped at 64 MiB.
-    pub fn process_output(&self, sandbox_id: &str, process_id: &str) -> Option<(Vec<u8>, Vec<u8>)> {
-        let sb = self.inner.sandbox(sandbox_id)?;
-        let p = sb.process(process_id)?;
+    /// All bytes the process wrote (stdout, stderr), each capped at 64 MiB; `Ok(None)` for an
+    /// unknown sandbox or process, `Err` once its output was dropped to stay within
+    /// [`EmulatorOptions::retained_bytes`] (never an empty capture in its place).
+    pub fn process_output(&self, sandbox_id: &str, process_id: &str) -> Result<Option<Captured>, OutputNotRetained> {
+        let Some(p) = self.inner.sandbox(sandbox_id).and_then(|sb| sb.process(process_id)) else {
+            return Ok(None);
+        };
+        // Under the retention lock: an eviction cannot slip between the check and the copy.
+        let _retention = self.inner.retention.lock().unwrap();
+        if p.kept.load(Ordering::SeqCst) == model::KEPT_EVICTED {
+            return Err(OutputNotRetained { process_id: p.id.clone() });
+        }
         let cap = p.capture.lock().unwrap();
-        Some((cap[0].clone(), cap[1].clone()))
+        Ok(Some((cap[0].clone(), cap[1].clone())))
+    }
+
+    /// What [`EmulatorOptions::retained_bytes`] bounds, at this moment.
+    pub fn retained(&self) -> RetainedOutput {
+        let r = self.inner.retention.lock().unwrap();
+        RetainedOutput { bytes: r.total(), processes: r.len(), exits: r.exits(), evictions: r.evictions() }
     }
 
     /// Every still-alive (non-zombie) pid carrying this emulator's marker or belonging to a

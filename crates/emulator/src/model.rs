@@ -3,8 +3,8 @@
 use std::collections::{HashMap, HashSet, VecDeque};
 use std::path::{Component, Path, PathBuf};
 use std::process::Stdio;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicU8, Ordering};
+use std::sync::{Arc, Mutex, Weak};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use bytes::Bytes;
@@ -127,6 +127,13 @@ impl Journal {
         self.bytes
     }
 
+    /// Drop every frame but keep the numbering: `newest_seq` stays, `oldest_seq` becomes
+    /// `newest_seq + 1`, so a replay of anything already written answers `Expired`.
+    pub fn clear(&mut self) {
+        self.frames = VecDeque::new();
+        self.bytes = 0;
+    }
+
     /// Frames with seq > after (at most `max_bytes` raw, at least one frame when available).
     pub fn read_after(&self, after: u64, max_bytes: usize) -> Read {
         let oldest = self.oldest_seq();
@@ -167,6 +174,8 @@ pub(crate) struct ProcState {
     pub tree_hold: bool,
     /// Fault `fastStream`: fake frame count served to a client.
     pub fake_newest: u64,
+    /// Handed to the retention budget (leader exited and both pipes at EOF).
+    retired: bool,
     empty_scans: u8,
 }
 
@@ -191,11 +200,40 @@ pub(crate) struct Proc {
     pub stdin_closed: AtomicBool,
     pub input_seq: AtomicU64,
     pub capture: Mutex<[Vec<u8>; 2]>,
+    /// This process's key in [`Inner::retention`].
+    pub key: u64,
+    /// One of `KEPT_*`; changed only under the [`Inner::retention`] lock.
+    pub kept: AtomicU8,
 }
+
+/// Running, or exited and not yet handed to the retention budget.
+pub(crate) const KEPT_LIVE: u8 = 0;
+/// Exited; its output counts against the budget.
+pub(crate) const KEPT_QUEUED: u8 = 1;
+/// Its output was dropped to stay within the budget.
+pub(crate) const KEPT_EVICTED: u8 = 2;
+/// Its sandbox was deleted: never counted (again).
+pub(crate) const KEPT_REMOVED: u8 = 3;
 
 impl Proc {
     pub fn bump(&self) {
         self.tx.send_modify(|v| *v = v.wrapping_add(1));
+    }
+
+    /// Journal plus capture bytes held for this process.
+    fn retained_bytes(&self) -> usize {
+        let journal = self.journal.lock().unwrap().bytes();
+        let cap = self.capture.lock().unwrap();
+        journal + cap[0].len() + cap[1].len()
+    }
+
+    /// Drop the journal's frames (keeping its numbering) and the capture. Called under the
+    /// [`Inner::retention`] lock.
+    fn evict(&self) {
+        self.kept.store(KEPT_EVICTED, Ordering::SeqCst);
+        self.journal.lock().unwrap().clear();
+        *self.capture.lock().unwrap() = [Vec::new(), Vec::new()];
+        self.bump();
     }
 
     pub fn to_json(&self) -> Value {
@@ -427,20 +465,22 @@ pub(crate) fn start_process(
         stdin_closed: AtomicBool::new(false),
         input_seq: AtomicU64::new(0),
         capture: Mutex::new([Vec::new(), Vec::new()]),
+        key: inner.next_key.fetch_add(1, Ordering::Relaxed),
+        kept: AtomicU8::new(KEPT_LIVE),
     });
     sb.procs.lock().unwrap().push(proc.clone());
     if let Some(out) = child.stdout.take() {
-        tokio::spawn(pump(proc.clone(), out, 0));
+        tokio::spawn(pump(inner.clone(), proc.clone(), out, 0));
     }
     if let Some(err) = child.stderr.take() {
-        tokio::spawn(pump(proc.clone(), err, 1));
+        tokio::spawn(pump(inner.clone(), proc.clone(), err, 1));
     }
     tokio::spawn(wait_leader(inner.clone(), proc.clone(), child));
     inner.reaper_wake.notify_one();
     Ok(proc)
 }
 
-async fn pump<R: tokio::io::AsyncRead + Unpin>(proc: Arc<Proc>, mut r: R, stream: u8) {
+async fn pump<R: tokio::io::AsyncRead + Unpin>(inner: Arc<Inner>, proc: Arc<Proc>, mut r: R, stream: u8) {
     let mut buf = vec![0u8; FRAME_MAX];
     loop {
         match r.read(&mut buf).await {
@@ -460,7 +500,45 @@ async fn pump<R: tokio::io::AsyncRead + Unpin>(proc: Arc<Proc>, mut r: R, stream
     }
     proc.st.lock().unwrap().eof[stream as usize] = true;
     proc.bump();
+    retire(&inner, &proc);
 }
+
+/// Once the leader has exited and both pipes are at EOF (the output is final), hand the
+/// process's output to the retention budget and drop the output of the oldest exited processes
+/// while the budget is exceeded. Runs once per process; a no-op before that moment and for a
+/// process whose sandbox was deleted.
+fn retire(inner: &Inner, proc: &Arc<Proc>) {
+    {
+        let mut st = proc.st.lock().unwrap();
+        if st.retired || !st.leader_exited || st.eof != [true, true] {
+            return;
+        }
+        st.retired = true;
+    }
+    let bytes = proc.retained_bytes();
+    let mut r = inner.retention.lock().unwrap();
+    if proc.kept.load(Ordering::SeqCst) != KEPT_LIVE {
+        return;
+    }
+    proc.kept.store(KEPT_QUEUED, Ordering::SeqCst);
+    for old in r.exited(proc.key, bytes, Arc::downgrade(proc)) {
+        if let Some(old) = old.upgrade() {
+            old.evict();
+        }
+    }
+}
+
+/// Take a deleted sandbox's processes out of the retention budget.
+pub(crate) fn forget_retained(inner: &Inner, procs: &[Arc<Proc>]) {
+    let mut r = inner.retention.lock().unwrap();
+    for p in procs {
+        p.kept.store(KEPT_REMOVED, Ordering::SeqCst);
+        r.remove(p.key);
+    }
+}
+
+/// The retention budget's handle on a process.
+pub(crate) type Retained = Weak<Proc>;
 
 async fn wait_leader(inner: Arc<Inner>, proc: Arc<Proc>, mut child: Child) {
     let status = child.wait().await;
@@ -500,6 +578,9 @@ async fn wait_leader(inner: Arc<Inner>, proc: Arc<Proc>, mut child: Child) {
             proc.st.lock().unwrap().tree_exited_real = true;
         }
     }
+    // Pipes at EOF: the output is final and counts against the budget before any client can
+    // see the exit frame (a no-op when a straggler still holds a pipe; pump retires it then).
+    retire(&inner, &proc);
     proc.st.lock().unwrap().exit_ready = true;
     proc.bump();
 }

@@ -474,6 +474,7 @@ async fn delete_sandbox(inner: &Arc<Inner>, sb: Arc<Sandbox>) -> Response {
         p.st.lock().unwrap().tree_exited_real = true;
         p.bump();
     }
+    model::forget_retained(inner, &sb.procs.lock().unwrap());
     let dir = sb.dir.clone();
     let _ = tokio::task::spawn_blocking(move || std::fs::remove_dir_all(dir)).await;
     // Reclaimed inline: `destroyed` (the API answers `destroying` when it reclaims later).

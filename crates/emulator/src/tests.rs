@@ -1,5 +1,6 @@
 use super::faults::{evaluate, FaultAction, FaultRule};
 use super::model::{new_sandbox_id, rfc3339_now, Journal, Read};
+use super::retention::Retention;
 use super::streams::Utf8Carry;
 use super::{EmulatorOptions, FaultSlot};
 use bytes::Bytes;
@@ -39,6 +40,71 @@ fn journal_evicts_oldest_but_keeps_newest() {
         Read::Frames(f) => assert!(f.is_empty()),
         _ => panic!("expected frames"),
     }
+}
+
+#[test]
+fn journal_clear_keeps_numbering() {
+    let mut j = Journal::new_for_test(1000);
+    j.push_for_test(0, Bytes::from_static(b"abc"));
+    j.push_for_test(1, Bytes::from_static(b"def"));
+    j.clear();
+    assert_eq!((j.oldest_seq(), j.newest_seq(), j.bytes()), (3, 2, 0));
+    assert!(matches!(j.read_after(0, 1000), Read::Expired { oldest: 3 }));
+    assert!(matches!(j.read_after(1, 1000), Read::Expired { oldest: 3 }));
+    match j.read_after(2, 1000) {
+        Read::Frames(f) => assert!(f.is_empty(), "caught up: nothing to send, not an error"),
+        _ => panic!("expected frames"),
+    }
+}
+
+#[test]
+fn retention_evicts_oldest_exits_first() {
+    let mut r = Retention::new(Some(1000));
+    assert!(r.exited(1, 400, "a").is_empty());
+    assert!(r.exited(2, 400, "b").is_empty());
+    assert_eq!((r.total(), r.len()), (800, 2));
+    // 1200 > 1000: the oldest goes, and only it.
+    assert_eq!(r.exited(3, 400, "c"), vec!["a"]);
+    assert_eq!((r.total(), r.len()), (800, 2));
+    // One exit can evict several.
+    assert_eq!(r.exited(4, 900, "d"), vec!["b", "c"]);
+    assert_eq!((r.total(), r.len()), (900, 1));
+    // A process that alone exceeds the budget loses its own output too.
+    assert_eq!(r.exited(5, 1500, "e"), vec!["d", "e"]);
+    assert_eq!((r.total(), r.len()), (0, 0));
+    // Exactly at the budget is within it.
+    assert!(r.exited(6, 1000, "f").is_empty());
+    assert_eq!(r.total(), 1000);
+}
+
+#[test]
+fn retention_removal_leaves_no_accounting_behind() {
+    let mut r = Retention::new(Some(1000));
+    r.exited(1, 300, 1);
+    r.exited(2, 300, 2);
+    r.exited(3, 300, 3);
+    r.remove(2);
+    assert_eq!((r.total(), r.len()), (600, 2));
+    // Removing twice, or removing a key never seen, changes nothing.
+    r.remove(2);
+    r.remove(99);
+    assert_eq!((r.total(), r.len()), (600, 2));
+    // The removed key's stale entry is skipped: 1 goes, then 3 is enough.
+    assert_eq!(r.exited(4, 800, 4), vec![1, 3]);
+    assert_eq!((r.total(), r.len()), (800, 1));
+    // Many removals never let stale entries pile up.
+    for k in 10..10_010 {
+        r.exited(k, 0, 0);
+        r.remove(k);
+    }
+    assert_eq!((r.total(), r.len()), (800, 1));
+    assert!(r.fifo_len() <= 2 * r.len() + 17, "{}", r.fifo_len());
+    // Unbounded: never evicts.
+    let mut u = Retention::new(None);
+    for k in 0..100 {
+        assert!(u.exited(k, usize::MAX / 200, k).is_empty());
+    }
+    assert_eq!(u.len(), 100);
 }
 
 #[test]
@@ -88,6 +154,12 @@ fn options_from_json() {
     assert_eq!((o.rtt_ms, o.heartbeat_ms), (50, 1_000));
     let o: EmulatorOptions = serde_json::from_str(r#"{"rateLimit":{"limit":20,"windowMs":2000}}"#).unwrap();
     assert_eq!(o.rate_limit.map(|r| (r.limit, r.window_ms)), Some((20, 2000)));
+    assert_eq!(o.retained_bytes, Some(256 * 1024 * 1024));
+    let o: EmulatorOptions = serde_json::from_str(r#"{"retainedBytes":null}"#).unwrap();
+    assert_eq!(o.retained_bytes, None);
+    let o: EmulatorOptions = serde_json::from_str(r#"{"retainedBytes":4096}"#).unwrap();
+    assert_eq!(o.retained_bytes, Some(4096));
+    assert!(serde_json::from_str::<EmulatorOptions>(r#"{"retainedBytes":-1}"#).is_err());
 }
 
 #[test]

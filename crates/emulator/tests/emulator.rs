@@ -307,7 +307,7 @@ async fn process_connect_replay_and_stdin() {
         assert_eq!(ls.len(), 2);
         assert_eq!(ls[0]["seq"], 2);
         assert_eq!(ls[1]["type"], "exit");
-        assert_eq!(c.emu.process_output(&sb, &id), Some((b"abc".to_vec(), b"def".to_vec())));
+        assert_eq!(c.emu.process_output(&sb, &id), Ok(Some((b"abc".to_vec(), b"def".to_vec()))));
 
         let (s, w) = c.wait(&sb, &id, "tree", 5000).await;
         assert_eq!(s, 200);
@@ -750,7 +750,7 @@ async fn slow_live_client_gets_error_frame() {
         assert!(last["oldest_available_seq"].as_u64().unwrap() > 1);
         let data: Vec<u64> = ls.iter().filter_map(|l| l["seq"].as_u64()).collect();
         assert!(data.windows(2).all(|w| w[1] == w[0] + 1), "seqs contiguous before the error");
-        let total = c.emu.process_output(&sb, &id).unwrap().0.len();
+        let total = c.emu.process_output(&sb, &id).unwrap().unwrap().0.len();
         assert_eq!(total, 30_000_000);
     })
     .await;
@@ -772,4 +772,126 @@ fn dropping_the_runtime_without_close_kills_trees() {
     for pid in pids {
         assert!(pid_gone(pid), "pid {pid} survived runtime drop");
     }
+}
+
+/// `retainedBytes`: exited processes' output (journal + capture) is bounded across processes
+/// and sandboxes, oldest exit first; a running process's output is never dropped; an evicted
+/// process fails closed (`output_offset_expired`, `process_output` says so); deleting a
+/// sandbox takes its processes out of the total.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn retained_output_is_bounded_across_processes() {
+    const HALF: usize = 150 * 1024;
+    // Each process writes 150 KiB to stdout and 150 KiB to stderr: 300 KiB in the journal
+    // (1 MiB per process) plus 300 KiB captured = 600 KiB retained; two fit in 1.5 MiB.
+    const PER: usize = 4 * HALF;
+    let mut o = opts();
+    o.retained_bytes = Some(1536 * 1024);
+    with_emu(o, |c| async move {
+        let write = format!("head -c {HALF} /dev/zero; head -c {HALF} /dev/zero >&2");
+        let (a, b) = (c.sandbox().await, c.sandbox().await);
+        // The running process wrote as much, and holds on until its stdin closes.
+        let running = c.spawn(&a, "sh", &["-c", &format!("{write}; read x")]).await;
+        let rid = running["process_id"].as_str().unwrap().to_string();
+        eventually("the running process's output", || {
+            c.emu.process_output(&a, &rid).unwrap().is_some_and(|(o, e)| o.len() + e.len() == 2 * HALF)
+        })
+        .await;
+        let mut ids = Vec::new();
+        for (k, sb) in [&a, &a, &b, &b, &b].into_iter().enumerate() {
+            let p = c.spawn(sb, "sh", &["-c", &write]).await;
+            let id = p["process_id"].as_str().unwrap().to_string();
+            let (s, _) = c.wait(sb, &id, "tree", 10_000).await;
+            assert_eq!(s, 200);
+            // One exit at a time, so the exit order is the spawn order.
+            eventually("the exit to be accounted", || c.emu.retained().exits == k as u64 + 1).await;
+            ids.push((sb.clone(), id));
+        }
+        let r = c.emu.retained();
+        assert_eq!((r.bytes, r.processes, r.evictions), (2 * PER, 2, 3), "{r:?}");
+
+        for (i, (sb, id)) in ids.iter().enumerate() {
+            let rec: Value = c.get(&format!("/sandboxes/{sb}/processes/{id}")).send().await.unwrap().j().await.unwrap();
+            let out = &rec["data"]["output"];
+            let newest = out["newest_seq"].as_u64().unwrap();
+            assert!(newest >= 2, "{out}");
+            let replay = c.get(&format!("/sandboxes/{sb}/processes/{id}/connect?after=0")).send().await.unwrap();
+            let status = replay.status().as_u16();
+            let ls = lines(&replay.bytes().await.unwrap());
+            if i < 3 {
+                // Evicted: numbering kept, nothing retained, a replay fails closed (410 with
+                // `output_offset_expired`, as for any offset older than the journal).
+                assert_eq!(out, &json!({"oldest_seq": newest + 1, "newest_seq": newest, "bytes": 0}), "#{i}");
+                assert_eq!(status, 410, "#{i}: {ls:?}");
+                assert_eq!(
+                    ls,
+                    vec![json!({"status":"fail","data":{"error":"output_offset_expired","oldest_available_seq":newest + 1}})],
+                    "#{i}"
+                );
+                let err = c.emu.process_output(sb, id).unwrap_err();
+                assert_eq!(err.to_string(), format!("output of process {id} is no longer retained (retainedBytes)"));
+                // A client that had read everything still gets its exit frame.
+                let tail = c.get(&format!("/sandboxes/{sb}/processes/{id}/connect?after={newest}")).send().await.unwrap();
+                let ls = lines(&tail.bytes().await.unwrap());
+                assert_eq!(ls.last().unwrap()["type"], "exit", "{ls:?}");
+            } else {
+                assert_eq!(status, 200, "#{i}");
+                assert_eq!(out["oldest_seq"], 1, "#{i}: {out}");
+                assert_eq!(out["bytes"], 2 * HALF, "#{i}: {out}");
+                let data: usize = ls.iter().filter(|l| l["type"] == "data").map(|l| b64(l).len()).sum();
+                assert_eq!(data, 2 * HALF, "#{i}");
+                assert_eq!(ls.last().unwrap()["type"], "exit");
+                assert_eq!(c.emu.process_output(sb, id), Ok(Some((vec![0; HALF], vec![0; HALF]))), "#{i}");
+            }
+        }
+        // The running process is the oldest and kept everything.
+        let rec: Value = c.get(&format!("/sandboxes/{a}/processes/{rid}")).send().await.unwrap().j().await.unwrap();
+        assert_eq!(rec["data"]["state"], "running");
+        assert_eq!(rec["data"]["output"]["oldest_seq"], 1);
+        assert_eq!(rec["data"]["output"]["bytes"], 2 * HALF);
+        assert_eq!(c.emu.process_output(&a, &rid), Ok(Some((vec![0; HALF], vec![0; HALF]))));
+
+        // Deleting sandbox b takes its two kept processes out of the total.
+        let r = c.delete(&format!("/sandboxes/{b}")).send().await.unwrap();
+        assert_eq!(r.status(), 200);
+        let r = c.emu.retained();
+        assert_eq!((r.bytes, r.processes), (0, 0), "{r:?}");
+
+        // The running process ends: now it counts, and fits.
+        let r = c.post(&format!("/sandboxes/{a}/processes/{rid}/stdin/close"), json!({})).send().await.unwrap();
+        assert_eq!(r.status().as_u16() / 100, 2);
+        let (s, _) = c.wait(&a, &rid, "tree", 10_000).await;
+        assert_eq!(s, 200);
+        eventually("the last exit to be accounted", || c.emu.retained().exits == 6).await;
+        let r = c.emu.retained();
+        assert_eq!((r.bytes, r.processes, r.evictions), (PER, 1, 3), "{r:?}");
+        assert_eq!(c.emu.process_output(&a, &rid), Ok(Some((vec![0; HALF], vec![0; HALF]))));
+
+        let r = c.delete(&format!("/sandboxes/{a}")).send().await.unwrap();
+        assert_eq!(r.status(), 200);
+        let r = c.emu.retained();
+        assert_eq!((r.bytes, r.processes), (0, 0), "{r:?}");
+    })
+    .await;
+}
+
+/// `retainedBytes: null` (or 0): nothing is dropped.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn retained_output_unbounded_when_off() {
+    let mut o = opts();
+    o.retained_bytes = Some(0);
+    o.journal_bytes = 1024;
+    with_emu(o, |c| async move {
+        let sb = c.sandbox().await;
+        for k in 0..3u64 {
+            let p = c.spawn(&sb, "sh", &["-c", "head -c 100000 /dev/zero"]).await;
+            let id = p["process_id"].as_str().unwrap().to_string();
+            let (s, _) = c.wait(&sb, &id, "tree", 10_000).await;
+            assert_eq!(s, 200);
+            eventually("the exit to be accounted", || c.emu.retained().exits == k + 1).await;
+        }
+        let r = c.emu.retained();
+        assert_eq!((r.processes, r.evictions), (3, 0), "{r:?}");
+        assert!(r.bytes >= 3 * 100_000, "{r:?}");
+    })
+    .await;
 }
