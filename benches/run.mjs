@@ -702,10 +702,11 @@ async function binaryOutput(opts) {
   // client's speed, not the race. The default journal is used by the paced rows below.
   const emu = await startEmu('child', { journalBytes: bytes + MiB })
   emulators.push(emu)
-  // The emulator keeps every process's journal until its sandbox is deleted: 30 runs of
-  // 64 MiB grew it past 3.5 GB, and the stream then stalled for 30–70 ms at a time in the
-  // later rows (random with `log`, the last one, ran at half speed while the client's CPU time
-  // stayed the same). Each row gets a sandbox of its own, deleted after.
+  // Before the emulator bounded what exited processes keep (`retainedBytes`), 30 runs of
+  // 64 MiB in one sandbox grew it past 3.5 GB, and the stream then stalled for 30–70 ms at a
+  // time in the later rows (random with `log`, the last one, ran at half speed while the
+  // client's CPU time stayed the same). Each row still gets a sandbox of its own, deleted
+  // after: nothing of an earlier row is kept while a row is measured.
   let sb = await emu.createSandbox()
   const client = clientFor(emu, 'off')
   const kinds = {

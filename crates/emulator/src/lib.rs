@@ -63,10 +63,11 @@
 //! exited and both pipes reached EOF) its journal and capture bytes join a FIFO of exited
 //! processes, and while their total exceeds the budget the process that exited first loses its
 //! journal frames and its capture. Its numbering stays (`newest_seq` unchanged, `oldest_seq =
-//! newest_seq + 1`, `output.bytes` 0), so a `connect?after=N` with `N < newest_seq` answers the
-//! `output_offset_expired` error frame, and [`Emulator::process_output`] answers
-//! [`OutputNotRetained`] rather than empty output. Output of a running process is never
-//! dropped by the budget; deleting a sandbox takes its processes out of the total.
+//! newest_seq + 1`, `output.bytes` 0), so a `connect?after=N` with `N < newest_seq` answers
+//! `output_offset_expired` (a 410 at connect, an error frame mid-stream), and
+//! [`Emulator::process_output`] answers [`OutputNotRetained`] rather than empty output. Output
+//! of a running process is never dropped by the budget; deleting a sandbox takes its processes
+//! out of the total.
 //!
 //! Connect streams are fed from the journal only (a `watch` channel signals "something
 //! changed"; each stream copies frames out of the journal under a short lock and writes them to
