@@ -140,10 +140,10 @@ impl Emulator {
     /// sandbox or process. Throws once the output was dropped to stay within `retainedBytes`.
     #[napi]
     pub fn process_output(&self, sandbox_id: String, process_id: String) -> Result<Option<ProcessOutput>> {
-        match self.inner.process_output(&sandbox_id, &process_id) {
-            Ok(out) => Ok(out.map(|(o, e)| ProcessOutput { stdout: o.into(), stderr: e.into() })),
-            Err(e) => Err(Error::from_reason(e.to_string())),
-        }
+        self.inner
+            .process_output(&sandbox_id, &process_id)
+            .map(|out| out.map(|(o, e)| ProcessOutput { stdout: o.into(), stderr: e.into() }))
+            .map_err(|e| Error::from_reason(e.to_string()))
     }
 
     /// Pids still alive that this emulator started (any depth).
