@@ -174,8 +174,6 @@ pub(crate) struct ProcState {
     pub tree_hold: bool,
     /// Fault `fastStream`: fake frame count served to a client.
     pub fake_newest: u64,
-    /// Handed to the retention budget (leader exited and both pipes at EOF).
-    retired: bool,
     empty_scans: u8,
 }
 
@@ -509,18 +507,19 @@ async fn pump<R: tokio::io::AsyncRead + Unpin>(inner: Arc<Inner>, proc: Arc<Proc
 /// process whose sandbox was deleted.
 fn retire(inner: &Inner, proc: &Arc<Proc>) {
     {
-        let mut st = proc.st.lock().unwrap();
-        if st.retired || !st.leader_exited || st.eof != [true, true] {
+        let st = proc.st.lock().unwrap();
+        if !st.leader_exited || st.eof != [true, true] {
             return;
         }
-        st.retired = true;
     }
-    let bytes = proc.retained_bytes();
     let mut r = inner.retention.lock().unwrap();
+    // `kept` changes only under this lock: the first caller queues the process, and a later
+    // one (or one after its sandbox was deleted) finds it no longer live.
     if proc.kept.load(Ordering::SeqCst) != KEPT_LIVE {
         return;
     }
     proc.kept.store(KEPT_QUEUED, Ordering::SeqCst);
+    let bytes = proc.retained_bytes();
     for old in r.exited(proc.key, bytes, Arc::downgrade(proc)) {
         if let Some(old) = old.upgrade() {
             old.evict();
