@@ -14,17 +14,20 @@ import { startEmu } from './helpers.mjs'
 const CHILD = fileURLToPath(new URL('./pacing-child.mjs', import.meta.url))
 const PROCESSES = 4
 const THREADS = 2
-/** The emulator's limit, and the client's budget: the same count over a window 1000 ms longer,
- *  because a start decided in Redis reaches the emulator later (scheduling, HTTP), and the
- *  emulator stamps a request when its own process gets to it. A stall of the emulator's
- *  process longer than the margin stamps the starts decided during it together, and the
- *  window after the stall then holds more than `limit` of them. Under the parallel test legs
- *  of CI that happened with a 200 ms margin (3 × 429 once in a Node 22 leg), and one Node 22
- *  leg failed one test later with 500 ms (its name was not in the printed excerpt; this test
- *  had failed in that leg before). The contrast below (a budget per process: 79 × 429 in one
- *  run) still shows what the shared store does. */
-const EMU_LIMIT = { limit: 30, windowMs: 1000 }
+/** The client's budget (30 starts per 2 s, shared) and the emulator's limit (90 per 3 s: twice
+ *  the budget's rate). The pacer decides a start when it releases it; the emulator stamps it when its
+ *  head arrives. A start released late (a starved child, scheduling, HTTP) arrives closer to
+ *  the next window's starts. Starts in any 3 s of arrivals were released within 3 s + D, where
+ *  D is the longest delay from release to arrival; the budget allows at most 30 × ⌈(3 + D) / 2⌉
+ *  there, which is ≤ 90 for any D ≤ 3 s. The pacer lets a full window go at once, so the
+ *  emulator's log is bursts of 30 every 2 s (30 within 60 ms on an idle machine, spread over
+ *  ~800 ms in a cgroup of 0.3 CPU shared with a busy loop). With 30 per 1 s the tolerance was
+ *  D ≤ 1 s, and CI's legs failed with 3 × 429 (200 ms margin) and 1 × 429 (1000 ms margin).
+ *  The rule itself (no 2 s window of decisions over 30) is checked exactly, against a real
+ *  Redis, in crates/core/tests/pacing_redis.rs. The contrast below (a budget per process,
+ *  120 per 2 s against 90 per 3 s) shows what the shared store does. */
 const PACING = { limit: 30, windowMs: 2000 }
+const EMU_LIMIT = { limit: 90, windowMs: 3000 }
 const sleep = (ms) => new Promise((r) => setTimeout(r, ms))
 
 const cleanups = []
@@ -108,42 +111,81 @@ function busiestWindow(requests, windowMs) {
   return best
 }
 
+/** The emulator's log as bursts (arrivals less than 300 ms apart): [first atMs, span ms,
+ *  requests, 429s] each, for a failure message. */
+function bursts(requests) {
+  const rs = [...requests].sort((a, b) => a.atMs - b.atMs)
+  const out = []
+  for (const r of rs) {
+    const last = out[out.length - 1]
+    if (last && r.atMs - last.end < 300) {
+      last.end = r.atMs
+      last.n++
+    } else {
+      out.push({ start: r.atMs, end: r.atMs, n: 1, n429: 0 })
+    }
+    if (r.status === 429) out[out.length - 1].n429++
+  }
+  return out.map((b) => [Math.round(b.start), Math.round(b.end - b.start), b.n, b.n429])
+}
+
 const baseEnv = () => {
   const env = { ...process.env }
   delete env.CREATEOS_PACING_STORE
   return env
 }
 
-test('four processes × two threads share one budget in Redis: zero 429s, no window over budget; per-process budgets for contrast', { timeout: 120_000 }, async () => {
+test('four processes × two threads share one budget in Redis: zero 429s, no window over budget; per-process budgets for contrast', { timeout: 180_000 }, async () => {
   const redis = await startRedis()
   const ctx = await startEmu({ rateLimit: EMU_LIMIT })
   cleanups.push(() => ctx.close(fileURLToPath(import.meta.url)))
 
-  // Shared: the store comes from CREATEOS_PACING_STORE (the default for every client).
-  const t0 = Date.now()
-  const shared = await runChildren(
-    { emu: ctx, child: { commands: 10, concurrency: 4, deadlineMs: 40_000, pacing: PACING } },
-    { ...baseEnv(), CREATEOS_PACING_STORE: redis.url },
-  )
-  const sharedMs = Date.now() - t0
-  const reqs = ctx.requests()
-  const n429 = reqs.filter((r) => r.status === 429).length
-  const busiest = busiestWindow(reqs, EMU_LIMIT.windowMs)
-  const ok = shared.reduce((a, r) => a + r.ok, 0)
-  console.log(`shared store: ${ok} commands, ${reqs.length} requests in ${sharedMs} ms, ${n429} × 429, busiest ${EMU_LIMIT.windowMs} ms window: ${busiest} (limit ${EMU_LIMIT.limit})`)
-  assert.equal(ok, PROCESSES * THREADS * 10, JSON.stringify(shared.map((r) => r.failed)))
-  assert.ok(shared.every((r) => r.wrong === 0 && r.failed.length === 0))
-  assert.equal(n429, 0, 'no 429 with the shared budget')
-  assert.ok(busiest <= EMU_LIMIT.limit, `busiest window ${busiest}`)
-  assert.ok(shared.every((r) => Object.keys(r.warnings).length === 0), 'no store warning while it answers')
-  assert.ok(!shared.some((r) => r.stderr.includes(redis.url)))
+  // Shared: the store comes from CREATEOS_PACING_STORE (the default for every client). A run
+  // counts when the store answered every decision within its bound (250 ms); a child that
+  // warned CREATEOS_PACING_STORE_DOWN had its own budget for a while, by design, and then the
+  // emulator may see more than the shared budget. Such a run is said, and the phase runs
+  // again, at most ATTEMPTS times. In a cgroup of 0.2 CPU shared with a busy loop, 6 of 7 runs
+  // had such a child while a new connection had only a decision's bound, 2 of 7 after.
+  const ATTEMPTS = 3
+  let counted = null
+  for (let attempt = 1; attempt <= ATTEMPTS && !counted; attempt++) {
+    if (attempt > 1) {
+      redis.cli('FLUSHALL')
+      await sleep(EMU_LIMIT.windowMs + 100)
+      ctx.emu.clearRequests()
+    }
+    const t0 = Date.now()
+    const shared = await runChildren(
+      { emu: ctx, child: { commands: 10, concurrency: 4, deadlineMs: 40_000, pacing: PACING } },
+      { ...baseEnv(), CREATEOS_PACING_STORE: redis.url },
+    )
+    const reqs = ctx.requests()
+    const run = { shared, reqs, ms: Date.now() - t0, n429: reqs.filter((r) => r.status === 429).length }
+    const ok = shared.reduce((a, r) => a + r.ok, 0)
+    const warned = shared.filter((r) => Object.keys(r.warnings).length > 0).length
+    console.log(`shared store, run ${attempt}: ${ok} commands, ${reqs.length} requests in ${run.ms} ms, ${run.n429} × 429, busiest ${EMU_LIMIT.windowMs} ms window: ${busiestWindow(reqs, EMU_LIMIT.windowMs)} (limit ${EMU_LIMIT.limit}), ${warned} of ${PROCESSES} processes saw the store miss its bound`)
+    // Whatever the store did: every command ran, exactly, and no URL was printed.
+    assert.equal(ok, PROCESSES * THREADS * 10, JSON.stringify(shared.map((r) => r.failed)))
+    assert.ok(shared.every((r) => r.wrong === 0 && r.failed.length === 0))
+    assert.ok(!shared.some((r) => r.stderr.includes(redis.url)))
+    for (const r of shared) {
+      for (const code of Object.keys(r.warnings)) assert.ok(['CREATEOS_PACING_STORE_DOWN', 'CREATEOS_PACING_STORE_RESTORED'].includes(code), code)
+    }
+    if (warned === 0) counted = run
+  }
+  assert.ok(counted, `the store missed its decision bound in all ${ATTEMPTS} runs`)
+  // The arrivals as bursts, for the message: how late each window's starts came.
+  const timeline = `arrivals [first atMs, span ms, requests, 429s]: ${JSON.stringify(bursts(counted.reqs))}`
+  assert.equal(counted.n429, 0, `no 429 with the shared budget; ${timeline}`)
+  const busiest = busiestWindow(counted.reqs, EMU_LIMIT.windowMs)
+  assert.ok(busiest <= EMU_LIMIT.limit, `busiest window ${busiest}; ${timeline}`)
 
   // Per process: the same load, each process with its own budget (store: false beats the env).
   await sleep(EMU_LIMIT.windowMs + 100)
   ctx.emu.clearRequests()
   const t1 = Date.now()
   const local = await runChildren(
-    { emu: ctx, child: { commands: 5, concurrency: 4, deadlineMs: 40_000, pacing: { ...PACING, store: false } } },
+    { emu: ctx, child: { commands: 10, concurrency: 4, deadlineMs: 40_000, pacing: { ...PACING, store: false } } },
     { ...baseEnv(), CREATEOS_PACING_STORE: redis.url },
   )
   const lreqs = ctx.requests()
@@ -151,6 +193,60 @@ test('four processes × two threads share one budget in Redis: zero 429s, no win
   const lok = local.reduce((a, r) => a + r.ok, 0)
   const lfailed = local.reduce((a, r) => a + r.failed.length, 0)
   console.log(`per-process budgets (contrast): ${lok} commands ok, ${lfailed} failed, ${lreqs.length} requests in ${Date.now() - t1} ms, ${l429} × 429`)
+  // The emulator's limit bites without the shared store, so the zero above means something.
+  assert.ok(l429 > 0, 'per-process budgets run into the emulator limit')
+})
+
+// napi-rs ends its async runtime with the last Node environment that loaded the addon and
+// starts a new one for the next (here: worker A exits before worker B loads it). The store's
+// connection lived on the old runtime; B's first decision finds it gone. Before B's decision
+// got a new connection, that was a CREATEOS_PACING_STORE_DOWN warning and a local budget: in
+// about 1 of 10 runs of the test above, and in 10 of 100 children whose first worker exited
+// after two commands.
+test('the async runtime replaced between two workers: the next decision is still shared, no warning', { timeout: 60_000 }, async () => {
+  const redis = await startRedis()
+  const origin = 'http://127.0.0.1:9'
+  const index = fileURLToPath(new URL('../index.js', import.meta.url))
+  const worker = `
+    const { parentPort } = require('node:worker_threads')
+    const lib = require(${JSON.stringify(index)})
+    const fs = require('node:fs')
+    // The async runtime's threads, as this process has them now.
+    const threads = () => fs.readdirSync('/proc/self/task')
+      .filter((t) => { try { return fs.readFileSync('/proc/self/task/' + t + '/comm', 'utf8').startsWith('tokio') } catch { return false } })
+    const warnings = []
+    process.on('warning', (w) => { if (w.code) warnings.push(w.code) })
+    lib.waitForRequest(${JSON.stringify(origin)})
+      .then(() => new Promise((r) => setImmediate(r)))
+      .then(() => parentPort.postMessage({ warnings, threads: threads() }), (e) => parentPort.postMessage({ error: String(e && e.message) }))
+  `
+  const script = `
+    const { Worker } = require('node:worker_threads')
+    const run = () => new Promise((resolve, reject) => {
+      const w = new Worker(${JSON.stringify(worker)}, { eval: true })
+      let msg
+      w.once('message', (m) => { msg = m })
+      w.once('error', reject)
+      w.once('exit', () => resolve(msg))
+    })
+    run().then(async (a) => { const b = await run(); console.log(JSON.stringify({ a, b })) })
+  `
+  const child = spawn(process.execPath, ['-e', script], { env: { ...baseEnv(), CREATEOS_PACING_STORE: redis.url }, stdio: ['ignore', 'pipe', 'pipe'] })
+  const killer = setTimeout(() => child.kill('SIGKILL'), 30_000)
+  cleanups.push(async () => { if (child.exitCode === null && child.signalCode === null) child.kill('SIGKILL') })
+  let out = ''
+  let err = ''
+  child.stdout.on('data', (d) => { out += d })
+  child.stderr.on('data', (d) => { err += d })
+  const code = await new Promise((resolve) => child.once('exit', resolve))
+  clearTimeout(killer)
+  assert.equal(code, 0, err.slice(-2000))
+  const { a, b } = JSON.parse(out.trim().split('\n').pop())
+  console.log(`runtime threads: worker A ${a.threads.join(',')}, worker B ${b.threads.join(',')}; warnings A ${JSON.stringify(a.warnings)}, B ${JSON.stringify(b.warnings)}`)
+  assert.ok(a.threads.length > 0 && b.threads.length > 0 && !b.threads.some((t) => a.threads.includes(t)), 'the runtime was replaced')
+  assert.deepEqual(a, { warnings: [], threads: a.threads })
+  assert.deepEqual(b, { warnings: [], threads: b.threads }, 'no store warning after the runtime was replaced')
+  assert.equal(redis.cli('ZCARD', `createos-execute:pacing:v1:{${origin}}:starts`), '2', 'both decisions were made in the store')
 })
 
 test('the store URL (and its password) never appears in an error', async () => {

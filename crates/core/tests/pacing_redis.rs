@@ -12,6 +12,7 @@ use createos_execute_core::abort::{Abort, Ctx};
 use createos_execute_core::net::NetEnv;
 use createos_execute_core::pacer::redis_store::{RedisStore, KEY_PREFIX};
 use createos_execute_core::pacer::{self, Pacer, PacingMode, STORE_DOWN, STORE_RESTORED};
+use createos_test_support::DelayProxy;
 use proptest::prelude::*;
 use tokio::time::Instant;
 
@@ -224,6 +225,106 @@ async fn store_down_falls_back_once_and_comes_back() {
     assert!(t.elapsed() < Duration::from_secs(1), "{:?}", t.elapsed());
     assert_eq!(pacer::take_warnings(), vec![STORE_DOWN]);
     server.signal("-CONT");
+}
+
+/// A store across a network: 100 ms round trips (a `DelayProxy` in front of the server), and
+/// the server's first two answers on a connection 200 ms later still. The first decision of a
+/// process connects (TCP, the handshake, the script's first load: about four round trips,
+/// ~700 ms here), more than one decision's bound, and the script's first answer alone takes
+/// longer than that bound; a decision on a new connection has the connection's bound as well,
+/// so every decision is shared and nothing warns. Later decisions take one round trip each.
+/// Before that, this store was never used (still down after 10 s of probes).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_store_across_a_slow_network_is_used_from_the_first_decision() {
+    let _serial = SERIAL.lock().await;
+    let _ = pacer::take_warnings();
+    let server = Server::start();
+    let proxy = DelayProxy::start(server.port, Duration::from_millis(50), 2, Duration::from_millis(200)).await;
+    let url = format!("redis://127.0.0.1:{}/0", proxy.port());
+    let key = "slow-network-test";
+    let p = shared_pacer(&url, key, PacingMode::Window { limit: 100, window: Duration::from_secs(10) });
+    let t = Instant::now();
+    p.acquire(&Ctx::new(Abort::new())).await.unwrap();
+    let first = t.elapsed();
+    assert!(!p.store().unwrap().is_down(), "the first decision fell back after {first:?}");
+    assert!(first >= Duration::from_millis(300), "{first:?}: the proxy did not delay");
+    let mut later = vec![];
+    for _ in 0..4 {
+        let t = Instant::now();
+        p.acquire(&Ctx::new(Abort::new())).await.unwrap();
+        later.push(t.elapsed());
+    }
+    assert!(!p.store().unwrap().is_down());
+    assert!(later.iter().all(|d| *d >= Duration::from_millis(100)), "{later:?}: not through the proxy");
+    assert_eq!(zcard(&server.url(), key).await, 5, "every decision was made in the store");
+    assert!(pacer::take_warnings().is_empty());
+    drop(proxy);
+}
+
+/// A first decision waits for a new connection (up to its bound), and an abort does not wait
+/// for that: a stopped server, an abort at 100 ms, the call rejects at once. The slot it may
+/// have taken is given back once the server answers again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_abort_does_not_wait_for_a_decision() {
+    let _serial = SERIAL.lock().await;
+    let _ = pacer::take_warnings();
+    let server = Server::start();
+    let key = "abort-decision-test";
+    server.signal("-STOP");
+    let p = shared_pacer(&server.url(), key, PacingMode::Window { limit: 5, window: Duration::from_secs(10) });
+    let abort = Abort::new();
+    let ctx = Ctx::new(abort.clone());
+    let t = Instant::now();
+    let aborter = tokio::spawn(async move {
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        abort.abort(false);
+    });
+    let r = p.acquire(&ctx).await;
+    let took = t.elapsed();
+    aborter.await.unwrap();
+    assert!(r.is_err(), "the aborted wait rejects");
+    assert!(took < Duration::from_millis(500), "{took:?}");
+    server.signal("-CONT");
+    // A later decision is shared, and the aborted one holds no slot.
+    p.acquire(&Ctx::new(Abort::new())).await.unwrap();
+    let deadline = Instant::now() + Duration::from_secs(3);
+    while zcard(&server.url(), key).await != 1 {
+        assert!(Instant::now() < deadline, "the aborted decision kept a slot");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert!(!p.store().unwrap().is_down());
+    assert!(pacer::take_warnings().is_empty());
+}
+
+/// A connection the server closed while idle (`CLIENT KILL`, as a restart or an idle proxy
+/// does) is gone, not the store: the next decision is made on a new connection, with no
+/// warning.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_connection_closed_while_idle_is_replaced_without_a_warning() {
+    let _serial = SERIAL.lock().await;
+    let _ = pacer::take_warnings();
+    let server = Server::start();
+    let key = "killed-connection-test";
+    let p = shared_pacer(&server.url(), key, PacingMode::Window { limit: 100, window: Duration::from_secs(10) });
+    p.acquire(&Ctx::new(Abort::new())).await.unwrap();
+    let client = redis::Client::open(server.url()).unwrap();
+    let mut admin = client.get_multiplexed_async_connection().await.unwrap();
+    let killed: i64 = redis::cmd("CLIENT")
+        .arg("KILL")
+        .arg("TYPE")
+        .arg("normal")
+        .arg("SKIPME")
+        .arg("yes")
+        .query_async(&mut admin)
+        .await
+        .unwrap();
+    assert_eq!(killed, 1, "the store's one connection");
+    for _ in 0..3 {
+        p.acquire(&Ctx::new(Abort::new())).await.unwrap();
+    }
+    assert!(!p.store().unwrap().is_down());
+    assert_eq!(zcard(&server.url(), key).await, 4, "every decision was made in the store");
+    assert!(pacer::take_warnings().is_empty());
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -3,6 +3,9 @@
 //! [`with_emulator`] starts an emulator on 127.0.0.1, runs the test body under a time limit,
 //! and closes the emulator — which SIGKILLs and reaps every process it started — whether the
 //! body returned, timed out or panicked. A panic is re-raised after the close.
+//!
+//! [`DelayProxy`] puts a network with a round trip in front of a loopback server (the tests of
+//! the shared pacing store use it for a Redis across a network).
 
 use std::future::Future;
 use std::panic::AssertUnwindSafe;
@@ -53,4 +56,90 @@ pub async fn assert_nothing_alive(emu: &Emulator) {
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
     panic!("processes still alive: {:?}", emu.live_pids());
+}
+
+/// A TCP proxy on 127.0.0.1 that delivers every byte `one_way` after it was read, in both
+/// directions: a network with a round trip of `2 × one_way` in front of a loopback server.
+/// The server's first `slow_answers` answers (reads) on each connection come `extra` later
+/// still: a server or a path that is slow to start. Dropping it stops accepting and ends every
+/// connection it carries.
+pub struct DelayProxy {
+    port: u16,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl DelayProxy {
+    /// Listens on a free loopback port and forwards each connection to `127.0.0.1:upstream`.
+    ///
+    /// # Panics
+    /// When no loopback port can be bound.
+    pub async fn start(upstream: u16, one_way: Duration, slow_answers: usize, extra: Duration) -> DelayProxy {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.expect("a free loopback port");
+        let port = listener.local_addr().expect("its address").port();
+        let task = tokio::spawn(async move {
+            let mut conns = tokio::task::JoinSet::new();
+            while let Ok((down, _)) = listener.accept().await {
+                conns.spawn(async move {
+                    let Ok(up) = tokio::net::TcpStream::connect(("127.0.0.1", upstream)).await else { return };
+                    let (dr, dw) = down.into_split();
+                    let (ur, uw) = up.into_split();
+                    tokio::join!(
+                        delayed_copy(dr, uw, one_way, 0, Duration::ZERO),
+                        delayed_copy(ur, dw, one_way, slow_answers, extra)
+                    );
+                });
+            }
+        });
+        DelayProxy { port, task }
+    }
+
+    /// The proxy's port.
+    #[must_use]
+    pub fn port(&self) -> u16 {
+        self.port
+    }
+}
+
+impl Drop for DelayProxy {
+    fn drop(&mut self) {
+        // Aborting the accept loop drops its JoinSet, which aborts every connection's task.
+        self.task.abort();
+    }
+}
+
+/// Copies `from` to `to`, each chunk written `delay` after it was read (the first `slow` chunks
+/// `extra` later still). Reading goes on meanwhile (up to 256 chunks in flight), so the delay
+/// is latency, not a throughput cap.
+async fn delayed_copy(
+    mut from: tokio::net::tcp::OwnedReadHalf,
+    mut to: tokio::net::tcp::OwnedWriteHalf,
+    delay: Duration,
+    mut slow: usize,
+    extra: Duration,
+) {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let (tx, mut rx) = tokio::sync::mpsc::channel::<(tokio::time::Instant, Vec<u8>)>(256);
+    let reader = async move {
+        let mut buf = vec![0u8; 64 * 1024];
+        while let Ok(n @ 1..) = from.read(&mut buf).await {
+            let mut at = tokio::time::Instant::now() + delay;
+            if slow > 0 {
+                slow -= 1;
+                at += extra;
+            }
+            if tx.send((at, buf[..n].to_vec())).await.is_err() {
+                break;
+            }
+        }
+    };
+    let writer = async move {
+        while let Some((at, bytes)) = rx.recv().await {
+            tokio::time::sleep_until(at).await;
+            if to.write_all(&bytes).await.is_err() {
+                break;
+            }
+        }
+        let _ = to.shutdown().await;
+    };
+    tokio::join!(reader, writer);
 }

@@ -208,15 +208,21 @@ impl Pacer {
         }
     }
 
-    async fn reserve_in_store(&self, rule: Rule) -> (Held, Instant) {
+    /// Reserves a start in the shared store, else (no store, or no answer) in the local one,
+    /// and puts it in `pending`. The member is held before the store answers, so a decision cut
+    /// short (abort, deadline) gives back what it may have reserved.
+    async fn reserve_in_store(&self, rule: Rule, pending: &mut Pending<'_>) -> Instant {
         if let Some(store) = self.store() {
             let member = redis_store::new_member();
+            pending.held = Some(Held::Shared(store.clone(), member.clone()));
             if let Answer::Wait(wait) = store.reserve(&self.key, rule, &member).await {
-                return (Held::Shared(store, member), Instant::now() + wait);
+                return Instant::now() + wait;
             }
         }
+        // No answer: the store is marked down, so nothing is given back there.
         let (id, at) = self.local.reserve(rule, Instant::now());
-        (Held::Local(id), at)
+        pending.held = Some(Held::Local(id));
+        at
     }
 
     /// A waiter's slot has come: `None` = start now, else its new reservation (a pause began
@@ -263,8 +269,9 @@ impl Pacer {
             }
             return Ok(());
         };
-        let (held, mut at) = self.reserve_in_store(rule).await;
-        let mut pending = Pending { pacer: self, held: Some(held) };
+        let mut pending = Pending { pacer: self, held: None };
+        // A decision can take a connection's bound (a new one); an abort does not wait for it.
+        let mut at = ctx.run(async { Ok(self.reserve_in_store(rule, &mut pending).await) }).await?;
         while at > Instant::now() {
             let slept = ctx
                 .run(async {

@@ -8,15 +8,18 @@
 //! cancelled waiter removes its member, and a waiter whose slot has come asks again (`confirm`)
 //! so a pause that began meanwhile holds it too.
 //!
-//! Failure is not a stampede: every decision has [`DECISION_TIMEOUT`]; the first failure marks
-//! the store down (one warning, [`super::STORE_DOWN`]) and the pacer falls back to its local
-//! store; while down, only one probe at a time goes to Redis, at most every backoff (100 ms,
-//! doubling to 2 s); the first answer marks it up again ([`super::STORE_RESTORED`]).
+//! Failure is not a stampede: every decision has [`DECISION_TIMEOUT`], and one made on a
+//! connection that has not answered yet [`CONNECT_TIMEOUT`] more (a store across a network
+//! needs several round trips before its first answer); the first failure marks the store down
+//! (one warning, [`super::STORE_DOWN`]) and the pacer falls back to its local store; while
+//! down, only one probe at a time goes to Redis, at most every backoff (100 ms, doubling to
+//! 2 s); the first answer marks it up again ([`super::STORE_RESTORED`]). An abort or the
+//! caller's deadline does not wait for a decision.
 //!
 //! The URL (it may hold a password) is kept only inside the redis client; it is never
 //! formatted into an error, a warning or an event.
 
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -26,8 +29,12 @@ use tokio::time::Instant;
 use super::{warn, Rule, STORE_DOWN, STORE_RESTORED};
 use crate::net::NetEnv;
 
-/// The bound of one decision (connect included).
+/// The bound of one decision on a connection that has answered before.
 pub const DECISION_TIMEOUT: Duration = Duration::from_millis(250);
+/// What a decision on a new connection has on top of [`DECISION_TIMEOUT`]: TCP, the handshake
+/// and the script's first load take about four round trips before the first answer (measured
+/// over plain TCP; TLS adds one), more than one decision's bound once the store is ~60 ms away.
+pub const CONNECT_TIMEOUT: Duration = Duration::from_secs(1);
 const MIN_BACKOFF: Duration = Duration::from_millis(100);
 const MAX_BACKOFF: Duration = Duration::from_secs(2);
 /// Every Redis key of this package starts with this.
@@ -94,10 +101,17 @@ struct Health {
     backoff: Duration,
 }
 
+/// A connection and whether it has answered yet (then a decision has only its own bound).
+#[derive(Clone)]
+struct Conn {
+    manager: ConnectionManager,
+    answered: Arc<AtomicBool>,
+}
+
 /// One Redis store (per URL), shared by every budget key that uses it.
 pub struct RedisStore {
     client: redis::Client,
-    conn: Mutex<Option<ConnectionManager>>,
+    conn: Mutex<Option<Conn>>,
     health: Mutex<Health>,
     script: redis::Script,
 }
@@ -269,29 +283,30 @@ impl RedisStore {
         lock(&self.health).down
     }
 
-    fn connection(&self) -> Option<ConnectionManager> {
+    fn connection(&self) -> Option<Conn> {
         let mut c = lock(&self.conn);
         if c.is_none() {
+            // One attempt per connection: the store's own probes and backoff are the retries.
+            // Each answer has the whole bound here (the handshake's answers come before the
+            // first decision's); `call` bounds every decision as a whole.
             let config = ConnectionManagerConfig::new()
-                .set_connection_timeout(Some(DECISION_TIMEOUT))
-                .set_response_timeout(Some(DECISION_TIMEOUT))
-                .set_number_of_retries(1)
-                .set_max_delay(Duration::from_millis(50));
-            *c = ConnectionManager::new_lazy_with_config(self.client.clone(), config).ok();
+                .set_connection_timeout(Some(CONNECT_TIMEOUT))
+                .set_response_timeout(Some(CONNECT_TIMEOUT + DECISION_TIMEOUT))
+                .set_number_of_retries(0);
+            *c = ConnectionManager::new_lazy_with_config(self.client.clone(), config)
+                .ok()
+                .map(|manager| Conn { manager, answered: Arc::new(AtomicBool::new(false)) });
         }
         c.clone()
     }
 
-    /// Runs one op of the script, bounded by [`DECISION_TIMEOUT`]; `None` = no answer.
+    /// Runs one op of the script, bounded by [`DECISION_TIMEOUT`] (plus [`CONNECT_TIMEOUT`] on a
+    /// connection that has not answered yet); a connection that answered before and fails at
+    /// once gets one more try on a new connection. `None` = no answer.
     async fn call(&self, key: &str, op: &str, rule: Rule, member: &str, extra: u128) -> Option<(i64, i64)> {
         let probe = self.enter()?;
         // A decision dropped half-way (its caller was cancelled) must not leave the probe taken.
         let guard = ProbeGuard { store: self, armed: probe };
-        let Some(mut conn) = self.connection() else {
-            guard.disarm();
-            self.failed(probe);
-            return None;
-        };
         let mut inv = self.script.prepare_invoke();
         inv.key(format!("{KEY_PREFIX}{{{key}}}:starts"))
             .key(format!("{KEY_PREFIX}{{{key}}}:pause"))
@@ -300,17 +315,46 @@ impl RedisStore {
             .arg(u64::try_from(rule.window.as_micros()).unwrap_or(u64::MAX))
             .arg(member)
             .arg(u64::try_from(extra).unwrap_or(u64::MAX));
-        let r = tokio::time::timeout(DECISION_TIMEOUT, inv.invoke_async::<(i64, i64)>(&mut conn)).await;
+        let mut retried = false;
+        let answer = loop {
+            let Some(Conn { manager: mut conn, answered }) = self.connection() else { break None };
+            let was_answered = answered.load(Ordering::Relaxed);
+            let bound = if was_answered { DECISION_TIMEOUT } else { DECISION_TIMEOUT + CONNECT_TIMEOUT };
+            match tokio::time::timeout(bound, inv.invoke_async::<(i64, i64)>(&mut conn)).await {
+                Ok(Ok(v)) => {
+                    answered.store(true, Ordering::Relaxed);
+                    break Some(v);
+                }
+                // A connection that answered before and now fails at once is gone, not the
+                // store: its server restarted, a proxy closed it while idle, or the async
+                // runtime its tasks ran on was replaced (napi-rs ends it with the last Node
+                // environment and starts a new one for the next, e.g. a worker thread). One
+                // more try, on a new connection. Every op is idempotent for its member.
+                Ok(Err(e)) if was_answered && !retried && e.is_io_error() => {
+                    retried = true;
+                    self.forget(&answered);
+                }
+                _ => break None,
+            }
+        };
         guard.disarm();
-        match r {
-            Ok(Ok(v)) => {
+        match answer {
+            Some(v) => {
                 self.answered(probe);
                 Some(v)
             }
-            _ => {
+            None => {
                 self.failed(probe);
                 None
             }
+        }
+    }
+
+    /// Drops the connection whose flag is `answered`, unless another decision replaced it first.
+    fn forget(&self, answered: &Arc<AtomicBool>) {
+        let mut c = lock(&self.conn);
+        if c.as_ref().is_some_and(|c| Arc::ptr_eq(&c.answered, answered)) {
+            *c = None;
         }
     }
 
