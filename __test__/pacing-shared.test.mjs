@@ -75,28 +75,32 @@ async function startRedis() {
   return r
 }
 
-/** Runs PROCESSES children; resolves their JSON results. Every child is ended by pid. */
+/** Runs `node ...args`; resolves its last stdout line as JSON, with its stderr. The child is
+ *  ended by pid after `limitMs`, or by the file's cleanups. */
+function runNode(args, env, limitMs) {
+  return new Promise((resolve, reject) => {
+    const child = spawn(process.execPath, args, { env, stdio: ['ignore', 'pipe', 'pipe'] })
+    const killer = setTimeout(() => child.kill('SIGKILL'), limitMs)
+    cleanups.push(async () => { if (child.exitCode === null && child.signalCode === null) child.kill('SIGKILL') })
+    let out = ''
+    let err = ''
+    child.stdout.on('data', (d) => { out += d })
+    child.stderr.on('data', (d) => { err += d })
+    child.once('exit', (code) => {
+      clearTimeout(killer)
+      if (code !== 0) return reject(new Error(`child exited ${code}: ${err.slice(-2000)}`))
+      resolve({ ...JSON.parse(out.trim().split('\n').pop()), stderr: err })
+    })
+  })
+}
+
+/** Runs PROCESSES children; resolves their JSON results. */
 function runChildren(opts, env) {
-  const runs = []
-  for (let i = 0; i < PROCESSES; i++) {
-    runs.push(new Promise((resolve, reject) => {
-      const sandboxes = Array.from({ length: THREADS }, () => opts.emu.sandbox())
-      const arg = { url: opts.emu.url, apiKey: opts.emu.apiKey, sandboxes, ...opts.child }
-      const child = spawn(process.execPath, [CHILD, JSON.stringify(arg)], { env, stdio: ['ignore', 'pipe', 'pipe'] })
-      const killer = setTimeout(() => child.kill('SIGKILL'), 45_000)
-      cleanups.push(async () => { if (child.exitCode === null && child.signalCode === null) child.kill('SIGKILL') })
-      let out = ''
-      let err = ''
-      child.stdout.on('data', (d) => { out += d })
-      child.stderr.on('data', (d) => { err += d })
-      child.once('exit', (code) => {
-        clearTimeout(killer)
-        if (code !== 0) return reject(new Error(`child exited ${code}: ${err.slice(-2000)}`))
-        resolve({ ...JSON.parse(out.trim().split('\n').pop()), stderr: err })
-      })
-    }))
-  }
-  return Promise.all(runs)
+  return Promise.all(Array.from({ length: PROCESSES }, () => {
+    const sandboxes = Array.from({ length: THREADS }, () => opts.emu.sandbox())
+    const arg = { url: opts.emu.url, apiKey: opts.emu.apiKey, sandboxes, ...opts.child }
+    return runNode([CHILD, JSON.stringify(arg)], env, 45_000)
+  }))
 }
 
 /** Requests the emulator accepted (not 429) in the busiest window of `windowMs`. */
@@ -231,17 +235,7 @@ test('the async runtime replaced between two workers: the next decision is still
     })
     run().then(async (a) => { const b = await run(); console.log(JSON.stringify({ a, b })) })
   `
-  const child = spawn(process.execPath, ['-e', script], { env: { ...baseEnv(), CREATEOS_PACING_STORE: redis.url }, stdio: ['ignore', 'pipe', 'pipe'] })
-  const killer = setTimeout(() => child.kill('SIGKILL'), 30_000)
-  cleanups.push(async () => { if (child.exitCode === null && child.signalCode === null) child.kill('SIGKILL') })
-  let out = ''
-  let err = ''
-  child.stdout.on('data', (d) => { out += d })
-  child.stderr.on('data', (d) => { err += d })
-  const code = await new Promise((resolve) => child.once('exit', resolve))
-  clearTimeout(killer)
-  assert.equal(code, 0, err.slice(-2000))
-  const { a, b } = JSON.parse(out.trim().split('\n').pop())
+  const { a, b } = await runNode(['-e', script], { ...baseEnv(), CREATEOS_PACING_STORE: redis.url }, 30_000)
   console.log(`runtime threads: worker A ${a.threads.join(',')}, worker B ${b.threads.join(',')}; warnings A ${JSON.stringify(a.warnings)}, B ${JSON.stringify(b.warnings)}`)
   assert.ok(a.threads.length > 0 && b.threads.length > 0 && !b.threads.some((t) => a.threads.includes(t)), 'the runtime was replaced')
   assert.deepEqual(a, { warnings: [], threads: a.threads })
