@@ -52,22 +52,41 @@ impl Abort {
     }
 }
 
+/// Which requests the request budget serves first when it is short (see `pacer/`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Class {
+    /// New work: a command's staging, creation, stream, gate.
+    #[default]
+    New,
+    /// Proof of containment: a cleanup, a creation recovery, a sandbox destroy. Takes the next
+    /// free slot ahead of any waiting request of new work.
+    Cleanup,
+}
+
 /// What every request and wait of one job runs under.
 #[derive(Clone)]
 pub struct Ctx {
     pub abort: Abort,
     /// When the work must give up; `None` = only the abort ends it.
     pub deadline: Option<Instant>,
+    /// The budget class of every request made under this context.
+    pub class: Class,
 }
 
 impl Ctx {
     pub fn new(abort: Abort) -> Self {
-        Ctx { abort, deadline: None }
+        Ctx { abort, deadline: None, class: Class::New }
     }
 
-    /// A fresh context for cleanup: its own (never fired) abort and its own deadline.
+    /// New work under `abort` that also gives up at `deadline`.
+    pub fn with_deadline(abort: Abort, deadline: Instant) -> Self {
+        Ctx { abort, deadline: Some(deadline), class: Class::New }
+    }
+
+    /// A fresh context for cleanup: its own (never fired) abort, its own deadline, and the
+    /// cleanup class (its requests go ahead of new work in the budget).
     pub fn cleanup(timeout: Duration) -> Self {
-        Ctx { abort: Abort::new(), deadline: Some(Instant::now() + timeout) }
+        Ctx { abort: Abort::new(), deadline: Some(Instant::now() + timeout), class: Class::Cleanup }
     }
 
     /// Fails at once when aborted or past the deadline.

@@ -388,7 +388,7 @@ async fn open_gate<G: std::future::Future<Output = HeldUpload>>(
         // held upload is abandoned unsent when the caller drops it.
         return Ok(());
     }
-    let gate_ctx = Ctx { abort: ctx.abort.clone(), deadline: Some(tokio::time::Instant::now() + timeout) };
+    let gate_ctx = Ctx::with_deadline(ctx.abort.clone(), tokio::time::Instant::now() + timeout);
     let outcome = match held.early.take() {
         Some(early) => Ok(early),
         None => {

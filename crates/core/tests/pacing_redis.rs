@@ -8,7 +8,7 @@ use std::process::{Child, Command, Stdio};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use createos_execute_core::abort::{Abort, Ctx};
+use createos_execute_core::abort::{Abort, Class, Ctx};
 use createos_execute_core::net::NetEnv;
 use createos_execute_core::pacer::redis_store::{RedisStore, KEY_PREFIX};
 use createos_execute_core::pacer::{self, Pacer, PacingMode, STORE_DOWN, STORE_RESTORED};
@@ -137,7 +137,7 @@ async fn cancelled_waiters_free_their_slots_in_redis() {
     for _ in 0..6 {
         let p = p.clone();
         waiters.push(tokio::spawn(async move {
-            let ctx = Ctx { abort: Abort::new(), deadline: Some(Instant::now() + Duration::from_millis(100)) };
+            let ctx = Ctx::with_deadline(Abort::new(), Instant::now() + Duration::from_millis(100));
             p.acquire(&ctx).await
         }));
     }
@@ -219,7 +219,7 @@ async fn store_down_falls_back_once_and_comes_back() {
 
     // Slow (stopped): a decision gives up after its bound; a cleanup's wait is not held.
     server.signal("-STOP");
-    let ctx = Ctx { abort: Abort::new(), deadline: Some(Instant::now() + Duration::from_secs(2)) };
+    let ctx = Ctx::with_deadline(Abort::new(), Instant::now() + Duration::from_secs(2));
     let t = Instant::now();
     p.acquire(&ctx).await.unwrap();
     assert!(t.elapsed() < Duration::from_secs(1), "{:?}", t.elapsed());
@@ -437,6 +437,7 @@ proptest! {
                     let ctx = Ctx {
                         abort: Abort::new(),
                         deadline: give_up.map(|ms| Instant::now() + Duration::from_millis(ms)),
+                        class: Class::New,
                     };
                     if p.acquire(&ctx).await.is_ok() {
                         starts.lock().unwrap().push(Instant::now());

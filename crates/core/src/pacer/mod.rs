@@ -377,7 +377,7 @@ mod tests {
     }
 
     fn ctx_with_deadline(d: Duration) -> Ctx {
-        Ctx { abort: Abort::new(), deadline: Some(Instant::now() + d) }
+        Ctx::with_deadline(Abort::new(), Instant::now() + d)
     }
 
     #[test]
