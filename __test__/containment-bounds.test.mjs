@@ -125,6 +125,43 @@ test('process.exit() mid-command: the command is ended before the process goes (
   assert.deepEqual(await nothingAlive(), [])
 })
 
+test('process.exit() mid-command with a diagnostics subscriber is as prompt as without one', async () => {
+  // The teardown blocks the JS thread while the call's cleanup runs; a forwarder of events that
+  // waited for that thread held every exit for the teardown's whole 3 s bound.
+  const exitAfterStart = async (subscribe) => {
+    const sb = ctx.sandbox()
+    const client = ctx.client({ timeoutMs: 60000 })
+    const script = `
+      const diagnostics = require('node:diagnostics_channel')
+      if (${subscribe}) {
+        diagnostics.subscribe('createos-execute:request', () => {})
+        diagnostics.subscribe('createos-execute:cleanup', () => {})
+      }
+      const lib = require(${JSON.stringify(INDEX)})
+      let told = false
+      lib.execute(${JSON.stringify(client)}, { lease: { providerLeaseId: ${JSON.stringify(sb)} }, command: '/bin/bash',
+        args: ['-c', 'echo started; sleep 30'] }, undefined, () => {
+        if (!told) { told = true; setTimeout(() => { console.log(Date.now()); process.exit(0) }, 20) }
+      })
+    `
+    const child = spawn(process.execPath, ['-e', script], { stdio: ['ignore', 'pipe', 'inherit'] })
+    let out = ''
+    child.stdout.on('data', (d) => { out += d })
+    const code = await new Promise((resolve) => child.on('exit', resolve))
+    const exitMs = Date.now() - Number(out.trim())
+    assert.equal(code, 0)
+    return { sb, exitMs }
+  }
+  const plain = await exitAfterStart(false)
+  const observed = await exitAfterStart(true)
+  const deletes = ctx.requests().filter((r) => kinds([r])[0] === 'deleteProcess')
+  assert.equal(deletes.length, 2, 'each child sent its DELETE before it exited')
+  assert.ok(deletes.every((d) => d.status === 200))
+  assert.deepEqual(await nothingAlive(), [])
+  // The bound the teardown has is 3 s; a forwarder that waits for the JS thread uses all of it.
+  assert.ok(observed.exitMs < 2000, `exit took ${observed.exitMs} ms with a subscriber (${plain.exitMs} ms without)`)
+})
+
 test('executeStream is the path without a containment proof: no process id, never a cleanup error', async () => {
   const sb = ctx.sandbox()
   const r = await lib.executeStream(ctx.client(), bashParams(sb, 'echo hi'))

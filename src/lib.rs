@@ -477,7 +477,9 @@ fn event_json(ev: Event<'_>) -> (String, Value) {
     }
 }
 
-/// Delivers events to `onDiag` in order; after `finish`, what is queued, then ends.
+/// Delivers events to `onDiag` in order; after `finish`, what is queued, then ends. Once the
+/// environment is gone it stops calling JS (the JS thread is then blocked in the teardown,
+/// waiting for this very call to finish its cleanup) and only drains.
 struct EventForwarder {
     done: oneshot::Sender<()>,
     task: tokio::task::JoinHandle<()>,
@@ -491,26 +493,44 @@ impl EventForwarder {
     }
 }
 
-fn event_sink(on_diag: Option<DiagFn>) -> (Option<EventSink>, Option<EventForwarder>) {
+fn event_sink(on_diag: Option<DiagFn>, gone: Abort) -> (Option<EventSink>, Option<EventForwarder>) {
     let Some(f) = on_diag else { return (None, None) };
     let (tx, mut rx) = mpsc::channel::<(String, Value)>(EVENT_QUEUE);
     let (done, mut done_rx) = oneshot::channel::<()>();
     let task = tokio::spawn(async move {
+        // One event to JS, abandoned when the environment goes away meanwhile.
+        let deliver = |ev: (String, Value)| {
+            let call = f.call_async_catch(FnArgs::from(ev));
+            let gone = gone.clone();
+            async move {
+                tokio::select! {
+                    biased;
+                    () = gone.aborted() => {}
+                    _ = call => {}
+                }
+            }
+        };
         loop {
             tokio::select! {
                 biased;
+                () = gone.aborted() => break,
                 ev = rx.recv() => match ev {
-                    Some(ev) => { let _ = f.call_async_catch(FnArgs::from(ev)).await; }
+                    Some(ev) => deliver(ev).await,
                     None => break,
                 },
                 _ = &mut done_rx => {
                     while let Ok(ev) = rx.try_recv() {
-                        let _ = f.call_async_catch(FnArgs::from(ev)).await;
+                        if gone.is_aborted() {
+                            break;
+                        }
+                        deliver(ev).await;
                     }
                     break;
                 }
             }
         }
+        // Whatever else arrives is dropped with the receiver: the sink's `try_send` fails
+        // and never waits.
     });
     let sink: EventSink = std::sync::Arc::new(move |ev| {
         let _ = tx.try_send(event_json(ev));
@@ -542,7 +562,7 @@ fn run_command<'env>(
             Ok(p) => p,
             Err(e) => return Err(e).into(),
         };
-        let (sink, events) = event_sink(on_diag);
+        let (sink, events) = event_sink(on_diag, gone.clone());
         cfg.events = sink;
         let (tx, forwarder) = match on_log {
             Some(log) => {
@@ -619,7 +639,7 @@ pub fn follow_process_native<'env>(
             Ok(p) => p,
             Err(e) => return Err(e).into(),
         };
-        let (sink, events) = event_sink(on_diag);
+        let (sink, events) = event_sink(on_diag, gone.clone());
         cfg.events = sink;
         let (tx, mut rx) = mpsc::channel::<FollowEvent>(LOG_QUEUE);
         let forwarder = tokio::spawn(async move {
@@ -674,8 +694,8 @@ pub fn destroy_sandbox_native<'env>(
     sandbox_id: Value,
     on_diag: Option<DiagFn>,
 ) -> Result<PromiseRaw<'env, DestroyOutcome>> {
-    spawn(env, None, |_| async move {
-        let (sink, events) = event_sink(on_diag);
+    spawn(env, None, |gone| async move {
+        let (sink, events) = event_sink(on_diag, gone);
         let r = async {
             let mut cfg = config::parse_config(&client)?;
             cfg.events = sink;
