@@ -108,6 +108,12 @@ function alive(pid) {
   }
 }
 
+function requestLog() {
+  return emu.requests().map((r) => ({
+    method: r.method, route: r.route, status: r.status, atMs: Math.round(r.atMs), connection: r.connection,
+  }))
+}
+
 function describe(error) {
   return {
     name: error?.name,
@@ -132,6 +138,7 @@ async function run(params, { signal, log, config = {} } = {}) {
   outcome.durationMs = Math.round(now() - started)
   sample()
   outcome.liveAtVerdict = emu.livePids()
+  outcome.requestsAtVerdict = requestLog()
   mark('verdict')
   return outcome
 }
@@ -359,9 +366,7 @@ async function main() {
   report.case = CASE
   report.emuReadyMs = emuReadyMs
   report.events = events
-  report.requests = emu.requests().map((r) => ({
-    method: r.method, route: r.route, status: r.status, atMs: Math.round(r.atMs), connection: r.connection,
-  }))
+  report.requests = requestLog()
   sample()
   report.liveBeforeClose = emu.livePids()
   await emu.close()

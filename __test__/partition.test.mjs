@@ -21,6 +21,8 @@ const FILE = fileURLToPath(import.meta.url)
 const CHILD = join(dirname(FILE), 'partition-child.mjs')
 const IN_CI = Boolean(process.env.CI)
 const MiB = 1024 * 1024
+/** The routes a cleanup or a creation recovery uses. */
+const CLEANUP_ROUTES = ['deleteProcess', 'wait', 'listProcesses', 'getProcess', 'exec']
 /** What the verdict may take past the cleanup deadline. */
 const VERDICT_SLACK_MS = 1000
 
@@ -117,9 +119,9 @@ function assertFailsClosed(r) {
   }
 }
 
-/** The blackhole held: none of the cleanup's requests reached the emulator. */
+/** The blackhole held: none of the cleanup's requests reached the emulator before the verdict. */
 function assertNothingGotThrough(r) {
-  const through = r.requests.filter((q) => ['deleteProcess', 'wait', 'listProcesses', 'getProcess'].includes(q.route))
+  const through = r.outcome.requestsAtVerdict.filter((q) => CLEANUP_ROUTES.includes(q.route))
   assert.deepEqual(through, [], 'requests reached the emulator through the blackhole')
 }
 
@@ -160,6 +162,9 @@ const cases = {
     assert.equal(r.outcome.value.timedOut, true)
     assert.equal(r.outcome.value.stdout, r.expected)
     assert.deepEqual(r.outcome.liveAtVerdict, [], 'the process was alive at the verdict')
+    // The blackhole held: no request of the cleanup reached the emulator before the heal.
+    const early = r.requests.filter((q) => CLEANUP_ROUTES.includes(q.route) && q.atMs + r.emuReadyMs < eventAt(r, 'heal'))
+    assert.deepEqual(early, [], 'cleanup requests reached the emulator through the blackhole')
     const del = r.requests.filter((q) => q.route === 'deleteProcess')
     assert.ok(del.some((q) => q.status === 200), `the emulator answered no DELETE: ${JSON.stringify(r.requests)}`)
     assert.ok(after <= r.cleanupDeadlineMs + VERDICT_SLACK_MS, `verdict after ${after} ms`)
