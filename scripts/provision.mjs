@@ -24,6 +24,8 @@ export const TOOLS = [
   // crates/core/tests/pacing_redis.rs, __test__/pacing-shared.test.mjs, benches/run.mjs
   { bin: 'redis-server', pkg: 'redis-server' },
   { bin: 'redis-cli', pkg: 'redis-tools' },
+  // crates/core/tests/pacing_redis.rs signals its redis-server with kill(1), not a shell builtin
+  { bin: 'kill', pkg: 'procps' },
   // the proxy tests: a real squid with basic auth (its helper basic_ncsa_auth ships with it)
   { bin: 'squid', pkg: 'squid' },
   // __test__/partition.test.mjs: a private network namespace, nftables blackholes, tc tbf
