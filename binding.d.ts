@@ -139,6 +139,13 @@ export interface NativeWarning {
   message: string
 }
 
+/**
+ * Hands over Node's proxy switch of this process's command line (`--use-env-proxy` is
+ * `true`, `--no-use-env-proxy` `false`, neither `null`), which only JS can see in
+ * `process.execArgv`. `index.js` calls it once as it loads; later calls change nothing.
+ */
+export declare function setExecArgvEnvProxy(on?: boolean | undefined | null): void
+
 /** Quotes a value as one bash word; throws on NUL. */
 export declare function shellQuote(value: string): string
 

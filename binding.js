@@ -841,5 +841,6 @@ module.exports.endInFlightCalls = nativeBinding.endInFlightCalls
 module.exports.executeNative = nativeBinding.executeNative
 module.exports.executeStreamNative = nativeBinding.executeStreamNative
 module.exports.followProcessNative = nativeBinding.followProcessNative
+module.exports.setExecArgvEnvProxy = nativeBinding.setExecArgvEnvProxy
 module.exports.shellQuote = nativeBinding.shellQuote
 module.exports.waitForRequestNative = nativeBinding.waitForRequestNative

@@ -44,6 +44,21 @@ function loadNative() {
 }
 const native = loadNative()
 
+// --- Node's proxy switch on the command line -------------------------------------------
+// `--use-env-proxy` / `--no-use-env-proxy` in process.execArgv (the last one wins, `_` reads
+// as `-`): only JS sees it. NODE_OPTIONS and NODE_USE_ENV_PROXY are read natively.
+function execArgvEnvProxy(argv) {
+  let on = null
+  for (const arg of Array.isArray(argv) ? argv : []) {
+    const name = typeof arg === 'string' ? arg.replace(/_/g, '-') : ''
+    if (name === '--use-env-proxy') on = true
+    else if (name === '--no-use-env-proxy') on = false
+  }
+  return on
+}
+native.setExecArgvEnvProxy(execArgvEnvProxy(process.execArgv))
+// ----------------------------------------------------------------------------------------
+
 const CLEANUP_BRAND = Symbol.for('createos-execute.CleanupError')
 const API_BRAND = Symbol.for('createos-execute.ApiError')
 const DESTROY_BRAND = Symbol.for('createos-execute.DestroyError')

@@ -15,6 +15,8 @@ void native.executeStreamNative(client, params, handle, onLog);
 void native.followProcessNative(client, "sb", "p", handle, (kind: string, data?: Buffer | null) => { void kind; void data; });
 void native.waitForRequestNative(client, handle);
 void native.destroySandboxNative(client, "sb");
+native.setExecArgvEnvProxy(true);
+native.setExecArgvEnvProxy(null);
 const quoted: string = native.shellQuote("x");
 void quoted;
 

@@ -711,6 +711,14 @@ pub fn destroy_sandbox_native<'env>(
     })
 }
 
+/// Hands over Node's proxy switch of this process's command line (`--use-env-proxy` is
+/// `true`, `--no-use-env-proxy` `false`, neither `null`), which only JS can see in
+/// `process.execArgv`. `index.js` calls it once as it loads; later calls change nothing.
+#[napi]
+pub fn set_exec_argv_env_proxy(on: Option<bool>) {
+    createos_execute_core::net::set_exec_argv_switch(on);
+}
+
 /// Quotes a value as one bash word; throws on NUL.
 #[napi]
 pub fn shell_quote(value: String) -> Result<String> {

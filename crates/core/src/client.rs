@@ -170,6 +170,8 @@ impl Client {
             Err(Error::Connection { .. }) => (None, "no response"),
             Err(Error::Redirect { .. }) => (None, "redirect refused"),
             Err(Error::UntrustedCertificate { .. }) => (None, "untrusted certificate"),
+            Err(Error::ProxyRefused { .. }) => (None, "proxy refused"),
+            Err(Error::ProxyUnreachable { .. }) => (None, "proxy unreachable"),
             Err(Error::Cancelled | Error::TimedOut) => (None, "aborted"),
             Err(_) => (None, "failed"),
         };
@@ -282,7 +284,12 @@ impl Client {
                 Err(Error::Api { status, .. }) => *status >= 500,
                 Err(Error::Connection { maybe_sent, .. }) => *maybe_sent,
                 Err(
-                    Error::Redirect { .. } | Error::Input(_) | Error::Internal(_) | Error::UntrustedCertificate { .. },
+                    Error::Redirect { .. }
+                    | Error::Input(_)
+                    | Error::Internal(_)
+                    | Error::UntrustedCertificate { .. }
+                    | Error::ProxyRefused { .. }
+                    | Error::ProxyUnreachable { .. },
                 ) => false,
                 Err(_) => true, // an abort in flight, or a 2xx whose body broke
             };
@@ -553,13 +560,24 @@ fn may_have_applied(err: &Error) -> bool {
     match err {
         Error::Api { status, .. } => matches!(status, 502 | 504),
         Error::Connection { maybe_sent, .. } => *maybe_sent,
-        Error::UntrustedCertificate { .. } | Error::Redirect { .. } | Error::Input(_) | Error::Internal(_) => false,
+        Error::UntrustedCertificate { .. }
+        | Error::ProxyRefused { .. }
+        | Error::ProxyUnreachable { .. }
+        | Error::Redirect { .. }
+        | Error::Input(_)
+        | Error::Internal(_) => false,
         _ => true,
     }
 }
 
-/// A failed send: an untrusted certificate (nothing was sent), or a lost connection.
+/// A failed send: a proxy that refused the tunnel or could not be reached, an untrusted
+/// certificate (nothing was sent in either case), or a lost connection.
 fn send_error(e: &reqwest::Error, op: Operation) -> Error {
+    match net::proxy_failure(e) {
+        Some(net::ProxyFailure::Refused { status }) => return Error::ProxyRefused { op, status },
+        Some(net::ProxyFailure::Unreachable) => return Error::ProxyUnreachable { op },
+        None => {}
+    }
     if net::is_untrusted_certificate(e) {
         return Error::UntrustedCertificate { op };
     }
@@ -585,7 +603,7 @@ fn retryable(err: &Error, method: &Method, retry: Retry) -> bool {
         (_, Retry::RateLimitOnly) => false,
         (Error::Api { status: 503, .. }, Retry::Safe) => true,
         (Error::Api { status: 502 | 504, .. }, Retry::Safe) => idempotent,
-        (Error::Connection { maybe_sent: false, .. }, Retry::Safe) => true,
+        (Error::Connection { maybe_sent: false, .. } | Error::ProxyUnreachable { .. }, Retry::Safe) => true,
         (Error::Connection { maybe_sent: true, .. }, Retry::Safe) => idempotent,
         _ => false,
     }

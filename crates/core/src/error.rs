@@ -92,6 +92,8 @@ pub const PANIC: &str = "a panic in native code";
 pub const CANCELLED: &str = "CreateOS command was cancelled.";
 pub const UNTRUSTED_CERTIFICATE: &str = "CreateOS TLS certificate is not trusted.";
 pub const NOT_STARTED: &str = "CreateOS command did not start; its start gate could not be opened.";
+pub const PROXY_REFUSED: &str = "CreateOS proxy refused the connection.";
+pub const PROXY_UNREACHABLE: &str = "CreateOS proxy could not be reached.";
 
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
@@ -109,6 +111,17 @@ pub enum Error {
     /// `caCertPem`). Nothing was sent: the handshake failed before any request byte.
     #[error("CreateOS TLS certificate is not trusted.")]
     UntrustedCertificate { op: Operation },
+    /// The proxy answered the `CONNECT` with something other than 200: a 407 (its
+    /// credentials are missing or wrong; `status` is then 407), a 403, a 502 when it cannot
+    /// reach CreateOS itself, … (`status` is `None`: the HTTP stack only tells a 407 apart),
+    /// or it closed the connection instead of answering. Nothing reached CreateOS.
+    #[error("{}", proxy_refused_message(*.status))]
+    ProxyRefused { op: Operation, status: Option<u16> },
+    /// The proxy itself could not be reached (connection refused, unknown host, timed out,
+    /// TLS to an `https://` proxy failed), or the connection to it broke before it answered
+    /// the `CONNECT`. Nothing reached CreateOS.
+    #[error("{PROXY_UNREACHABLE}")]
+    ProxyUnreachable { op: Operation },
     /// The command never ran: its start gate could not be opened (the gate upload failed
     /// with an answer that proves it was not written, or the gate deadline passed first).
     /// Its process was ended and proven gone before this is returned.
@@ -145,6 +158,13 @@ fn cleanup_message(reason: CleanupReason) -> &'static str {
     }
 }
 
+fn proxy_refused_message(status: Option<u16>) -> &'static str {
+    match status {
+        Some(407) => "CreateOS proxy refused the connection (HTTP 407).",
+        _ => PROXY_REFUSED,
+    }
+}
+
 impl Error {
     /// The HTTP status, for API errors.
     pub fn status(&self) -> Option<u16> {
@@ -159,6 +179,8 @@ impl Error {
         match self {
             Error::UntrustedCertificate { .. } => Some("CREATEOS_TLS_UNTRUSTED"),
             Error::NotStarted => Some("CREATEOS_NOT_STARTED"),
+            Error::ProxyRefused { .. } => Some("CREATEOS_PROXY_REFUSED"),
+            Error::ProxyUnreachable { .. } => Some("CREATEOS_PROXY_UNREACHABLE"),
             _ => None,
         }
     }
@@ -190,5 +212,12 @@ mod tests {
         assert_eq!(Error::UntrustedCertificate { op: Operation::ProcessCreation }.to_string(), UNTRUSTED_CERTIFICATE);
         assert_eq!(Error::NotStarted.to_string(), NOT_STARTED);
         assert_eq!(Error::NotStarted.code(), Some("CREATEOS_NOT_STARTED"));
+        let op = Operation::ProcessCreation;
+        let e = Error::ProxyRefused { op, status: Some(407) };
+        assert_eq!(e.to_string(), "CreateOS proxy refused the connection (HTTP 407).");
+        assert_eq!(e.code(), Some("CREATEOS_PROXY_REFUSED"));
+        assert_eq!(Error::ProxyRefused { op, status: None }.to_string(), PROXY_REFUSED);
+        assert_eq!(Error::ProxyUnreachable { op }.to_string(), PROXY_UNREACHABLE);
+        assert_eq!(Error::ProxyUnreachable { op }.code(), Some("CREATEOS_PROXY_UNREACHABLE"));
     }
 }

@@ -5,13 +5,19 @@
 //! only when
 //! - the host passes `config.proxy` (explicit: used for every target, loopback included, and
 //!   `NO_PROXY` does not apply), or
-//! - `NODE_USE_ENV_PROXY=1` (Node ≥ 24's switch; we honour it on every Node version), with
-//!   the rules of Node's `fetch` (undici's `EnvHttpProxyAgent`, what the TypeScript module
+//! - Node's switch is on: `--use-env-proxy` on the command line (`process.execArgv`, handed
+//!   over by `index.js`) or in `NODE_OPTIONS`, else `NODE_USE_ENV_PROXY=1` (Node ≥ 24; we
+//!   honour it on every Node version). As in Node, `--no-use-env-proxy` turns it off, the last
+//!   of the two flags wins, the command line wins over `NODE_OPTIONS`, and either flag wins
+//!   over the variable. Then the proxy follows the rules of Node's `fetch` (undici's `EnvHttpProxyAgent`, what the TypeScript module
 //!   used): an `https` target takes `https_proxy ?? HTTPS_PROXY`, else `http_proxy ??
 //!   HTTP_PROXY` (the lowercase name wins when both are set, even when it is empty);
 //!   `no_proxy ?? NO_PROXY` is a comma- or space-separated list of `host[:port]` entries,
 //!   `*` bypasses every host, an entry starting with `.` or `*` matches by suffix, any other
-//!   entry exactly. `ALL_PROXY` is not read (Node does not read it either).
+//!   entry exactly. `ALL_PROXY` is not read (Node does not read it either). The target's host
+//!   is compared as Node's `URL` writes it: lowercase, and an IPv6 literal in brackets in the
+//!   WHATWG form (`[::ffff:10.0.0.1]` is `[::ffff:a00:1]`), so an entry copied from a URL
+//!   matches.
 //!
 //! Two deliberate differences from Node, both safer: a loopback target (`localhost`,
 //! `*.localhost`, `127.0.0.0/8`, `::1`) is never proxied from the environment, and an
@@ -31,6 +37,20 @@
 //! per process; a `NODE_EXTRA_CA_CERTS` file that cannot be read or parsed is ignored (Node
 //! itself already printed a warning about it at start-up). A certificate that does not verify
 //! is its own error, [`Error::UntrustedCertificate`](crate::error::Error::UntrustedCertificate).
+//!
+//! **Keep-alive.** An idle pooled connection is dropped after [`POOL_IDLE`], 4 s: below the
+//! 5 s after which Node's `http` server (and Apache, lighttpd, uvicorn by default) closes an
+//! idle connection. A request sent on a connection the server is closing at that moment is
+//! lost with no answer, and for a process creation that means "maybe created". undici (Node's
+//! `fetch`) avoids it by honouring the server's `Keep-Alive: timeout=N` hint (less 1 s), and
+//! keeps 4 s when there is none. hyper-util's pool, under reqwest, has one idle timeout per
+//! client and reads no hint, and reqwest exposes no per-connection expiry, so the hint cannot
+//! be honoured per connection here; 4 s is undici's choice without a hint and stays 1 s below
+//! the common 5 s. The cost: a connection idle for longer is made anew (one TCP and TLS
+//! handshake); the commands of a busy host keep theirs warm. A server whose keep-alive is
+//! shorter than about 5 s can still close a connection as it is reused (HTTP/2 servers
+//! announce a close with `GOAWAY` first). hyper-util itself retries a request that a reused
+//! connection failed before it was sent; one lost after it was sent is the caller's to handle.
 //!
 //! **HTTP/2.** ALPN offers `h2` and `http/1.1`. A stream's flow-control window is 1 MiB and
 //! the connection's 32 MiB: a stream whose reader stalls (a slow `log`) holds at most its own
@@ -52,14 +72,15 @@ pub const INVALID_CA_PEM: &str = "caCertPem must be a PEM string with at least o
 /// HTTP/2 flow-control windows (see the module doc).
 pub const H2_STREAM_WINDOW: u32 = 1024 * 1024;
 pub const H2_CONNECTION_WINDOW: u32 = 32 * 1024 * 1024;
-/// Idle connections are kept this long, so a later command's gate finds a warm one.
-pub const POOL_IDLE: Duration = Duration::from_secs(90);
+/// Idle connections are kept this long (see "Keep-alive" in the module doc).
+pub const POOL_IDLE: Duration = Duration::from_secs(4);
 /// At most this many distinct (proxy, trust) clients are cached; beyond, clients are built per call.
 const MAX_CACHED_CLIENTS: usize = 32;
 
 /// The environment variables this module reads.
-pub const ENV_VARS: [&str; 9] = [
+pub const ENV_VARS: [&str; 10] = [
     "NODE_USE_ENV_PROXY",
+    "NODE_OPTIONS",
     "https_proxy",
     "HTTPS_PROXY",
     "http_proxy",
@@ -92,25 +113,48 @@ impl ProxyUrl {
     }
 }
 
-/// The variables of [`ENV_VARS`] that are set (a snapshot; tests build their own).
+/// `--use-env-proxy` (`Some(true)`) or `--no-use-env-proxy` (`Some(false)`), whichever came
+/// last on this process's command line; set once by the JS edge, which alone sees
+/// `process.execArgv`.
+static EXEC_ARGV_SWITCH: OnceLock<Option<bool>> = OnceLock::new();
+
+/// Records the proxy switch of this process's command line (the first call wins: the
+/// command line does not change). Must come before the first request, as `index.js` does
+/// when it loads.
+pub fn set_exec_argv_switch(on: Option<bool>) {
+    let _ = EXEC_ARGV_SWITCH.set(on);
+}
+
+/// The variables of [`ENV_VARS`] that are set, and the command line's proxy switch (a
+/// snapshot; tests build their own).
 #[derive(Debug, Clone, Default)]
-pub struct NetEnv(HashMap<String, String>);
+pub struct NetEnv {
+    vars: HashMap<String, String>,
+    argv_switch: Option<bool>,
+}
 
 impl NetEnv {
     pub fn from_pairs<'a>(pairs: impl IntoIterator<Item = (&'a str, &'a str)>) -> Self {
-        NetEnv(pairs.into_iter().map(|(k, v)| (k.to_owned(), v.to_owned())).collect())
+        NetEnv { vars: pairs.into_iter().map(|(k, v)| (k.to_owned(), v.to_owned())).collect(), argv_switch: None }
+    }
+
+    /// This snapshot with the command line's proxy switch.
+    pub fn with_argv_switch(mut self, on: Option<bool>) -> Self {
+        self.argv_switch = on;
+        self
     }
 
     /// This process's environment, read once (as Node does).
     pub fn process() -> &'static NetEnv {
         static ENV: OnceLock<NetEnv> = OnceLock::new();
-        ENV.get_or_init(|| {
-            NetEnv(ENV_VARS.iter().filter_map(|k| std::env::var(k).ok().map(|v| ((*k).to_owned(), v))).collect())
+        ENV.get_or_init(|| NetEnv {
+            vars: ENV_VARS.iter().filter_map(|k| std::env::var(k).ok().map(|v| ((*k).to_owned(), v))).collect(),
+            argv_switch: EXEC_ARGV_SWITCH.get().copied().flatten(),
         })
     }
 
     fn get(&self, k: &str) -> Option<&str> {
-        self.0.get(k).map(String::as_str)
+        self.vars.get(k).map(String::as_str)
     }
 
     /// `a ?? b`: the first variable that is set, even when empty.
@@ -118,8 +162,12 @@ impl NetEnv {
         self.get(a).or_else(|| self.get(b))
     }
 
+    /// Node's proxy switch: the command line's flag, else `NODE_OPTIONS`'s, else
+    /// `NODE_USE_ENV_PROXY=1`.
     pub fn use_env_proxy(&self) -> bool {
-        self.get("NODE_USE_ENV_PROXY") == Some("1")
+        self.argv_switch
+            .or_else(|| env_proxy_switch(node_options_args(self.get("NODE_OPTIONS").unwrap_or(""))))
+            .unwrap_or(self.get("NODE_USE_ENV_PROXY") == Some("1"))
     }
 
     pub fn use_system_ca(&self) -> bool {
@@ -129,6 +177,55 @@ impl NetEnv {
     pub fn extra_ca_file(&self) -> Option<&str> {
         self.get("NODE_EXTRA_CA_CERTS").filter(|p| !p.is_empty())
     }
+}
+
+/// `NODE_OPTIONS` split into arguments as Node splits it: at spaces (only), except inside
+/// double quotes, where a backslash escapes the next character; the quotes themselves are
+/// dropped.
+pub fn node_options_args(s: &str) -> Vec<String> {
+    let mut args = Vec::new();
+    let mut cur = String::new();
+    let mut started = false;
+    let mut quoted = false;
+    let mut chars = s.chars();
+    while let Some(c) = chars.next() {
+        match c {
+            '\\' if quoted => {
+                if let Some(n) = chars.next() {
+                    cur.push(n);
+                }
+            }
+            '"' => quoted = !quoted,
+            ' ' if !quoted => {
+                if started {
+                    args.push(std::mem::take(&mut cur));
+                    started = false;
+                }
+            }
+            c => {
+                cur.push(c);
+                started = true;
+            }
+        }
+    }
+    if started {
+        args.push(cur);
+    }
+    args
+}
+
+/// The last `--use-env-proxy` (true) or `--no-use-env-proxy` (false) among `args`; Node
+/// reads `_` in an option's name as `-`.
+pub fn env_proxy_switch<S: AsRef<str>>(args: impl IntoIterator<Item = S>) -> Option<bool> {
+    let mut on = None;
+    for a in args {
+        match a.as_ref().replace('_', "-").as_str() {
+            "--use-env-proxy" => on = Some(true),
+            "--no-use-env-proxy" => on = Some(false),
+            _ => {}
+        }
+    }
+    on
 }
 
 /// Loopback: `localhost`, `*.localhost`, `127.0.0.0/8`, `::1` (and `::ffff:127.x`).
@@ -186,10 +283,9 @@ pub fn env_proxy(env: &NetEnv, target: &url::Url) -> Option<ProxyUrl> {
         .filter(|v| !v.is_empty())
         .or_else(|| env.first_set("http_proxy", "HTTP_PROXY"))
         .filter(|v| !v.is_empty())?;
-    let host_text = match host {
-        url::Host::Ipv6(ip) => format!("[{ip}]"),
-        h => h.to_string().to_ascii_lowercase(),
-    };
+    // `url` writes hosts as WHATWG URLs do (and so Node's `URL`): IPv6 in brackets and in
+    // its canonical WHATWG form (`[::ffff:a00:1]`, where Rust's std writes `::ffff:10.0.0.1`).
+    let host_text = host.to_string().to_ascii_lowercase();
     let port = target.port_or_known_default().unwrap_or(443);
     if no_proxy_matches(env.first_set("no_proxy", "NO_PROXY").unwrap_or(""), &host_text, port) {
         return None;
@@ -312,6 +408,50 @@ pub fn is_untrusted_certificate(err: &(dyn std::error::Error + 'static)) -> bool
         };
     }
     false
+}
+
+/// How a proxy failed a request (see [`proxy_failure`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ProxyFailure {
+    /// The proxy answered the `CONNECT` with another status than 200 (`Some(407)` for a 407,
+    /// the only status the HTTP stack keeps), or closed the connection instead of answering.
+    Refused { status: Option<u16> },
+    /// The connection to the proxy could not be made, or broke before it answered.
+    Unreachable,
+}
+
+/// Whether a request failed while its `CONNECT` tunnel was being set up, and how.
+///
+/// reqwest tunnels through hyper-util's `Tunnel`, whose error type is private: it can be
+/// recognised only by its text, `tunnel error: <what>`, somewhere in the error's chain. The
+/// status of a refusal other than a 407 is not kept (hyper-util maps every other answer to
+/// "unsuccessful"). Every outcome here happened before a byte reached CreateOS: the target's
+/// TLS handshake starts only once the tunnel is up. The proxy tests (`proxy.test.mjs`,
+/// against a real squid) pin these texts: a hyper-util that changes them fails there.
+pub fn proxy_failure(err: &(dyn std::error::Error + 'static)) -> Option<ProxyFailure> {
+    const PREFIX: &str = "tunnel error: ";
+    let mut cur: Option<&(dyn std::error::Error + 'static)> = Some(err);
+    for _ in 0..32 {
+        let e = cur?;
+        let text = e.to_string();
+        if let Some(what) = text.strip_prefix(PREFIX) {
+            return match what {
+                "proxy authorization required" => Some(ProxyFailure::Refused { status: Some(407) }),
+                "unsuccessful" | "proxy response headers too long" | "unexpected end of file" => {
+                    Some(ProxyFailure::Refused { status: None })
+                }
+                "failed to create underlying connection" | "io error establishing tunnel" => {
+                    Some(ProxyFailure::Unreachable)
+                }
+                _ => None,
+            };
+        }
+        cur = match e.downcast_ref::<std::io::Error>().and_then(std::io::Error::get_ref) {
+            Some(inner) => Some(inner as &(dyn std::error::Error + 'static)),
+            None => e.source(),
+        };
+    }
+    None
 }
 
 /// Whether an IP literal is loopback (for callers holding an `IpAddr`).
@@ -455,6 +595,46 @@ mod tests {
         assert!(ProxyUrl::parse("socks5://x:1").is_none());
         assert!(ProxyUrl::parse("https://proxy:443").is_some());
         assert_eq!(format!("{p:?}"), "ProxyUrl(<redacted>)", "credentials never format");
+    }
+
+    #[test]
+    fn node_options_and_the_command_line_turn_the_switch_on_and_off() {
+        let t = url("https://api.example.com");
+        let proxy = ("HTTPS_PROXY", "http://p:1");
+        let on = |pairs: &[(&str, &str)], argv: Option<bool>| {
+            let mut all = pairs.to_vec();
+            all.push(proxy);
+            env_proxy(&env(&all).with_argv_switch(argv), &t).is_some()
+        };
+        assert!(on(&[("NODE_OPTIONS", "--use-env-proxy")], None));
+        assert!(on(&[("NODE_OPTIONS", "--max-old-space-size=100 --use_env_proxy")], None), "_ is -");
+        assert!(on(&[("NODE_OPTIONS", "--require \"/a b/x.js\" --use-env-proxy")], None));
+        assert!(!on(&[("NODE_OPTIONS", "--use-env-proxy --no-use-env-proxy")], None), "the last flag wins");
+        assert!(!on(&[("NODE_OPTIONS", "--no-use-env-proxy"), ("NODE_USE_ENV_PROXY", "1")], None), "the flag wins");
+        assert!(on(&[("NODE_OPTIONS", "--use-env-proxy"), ("NODE_USE_ENV_PROXY", "0")], None), "the flag wins");
+        assert!(!on(&[("NODE_OPTIONS", "\"--title=--use-env-proxy\"")], None), "a value is not a flag");
+        assert!(!on(&[("NODE_OPTIONS", "--use-env-proxyx")], None));
+        assert!(on(&[], Some(true)));
+        assert!(on(&[("NODE_OPTIONS", "--no-use-env-proxy")], Some(true)), "the command line wins");
+        assert!(!on(&[("NODE_OPTIONS", "--use-env-proxy"), ("NODE_USE_ENV_PROXY", "1")], Some(false)));
+        assert!(on(&[("NODE_USE_ENV_PROXY", "1")], None));
+        assert!(!on(&[], None));
+        assert_eq!(node_options_args(r#"  a  "b c" "d\"e" f"g"h "" "#), ["a", "b c", "d\"e", "fgh"]);
+        assert_eq!(env_proxy_switch(["--use-env-proxy", "--no-use-env-proxy", "--use-env-proxy"]), Some(true));
+        assert_eq!(env_proxy_switch(Vec::<String>::new()), None);
+    }
+
+    #[test]
+    fn ipv6_hosts_are_matched_as_nodes_url_writes_them() {
+        let e = |no: &str| env(&[("NODE_USE_ENV_PROXY", "1"), ("HTTPS_PROXY", "http://p:1"), ("NO_PROXY", no)]);
+        let t = url("https://[::ffff:10.0.0.1]:8443");
+        assert_eq!(t.host_str(), Some("[::ffff:a00:1]"), "as new URL() writes it");
+        assert_eq!(env_proxy(&e("[::ffff:a00:1]"), &t), None);
+        assert_eq!(env_proxy(&e("[::ffff:a00:1]:8443"), &t), None);
+        assert!(env_proxy(&e("[::ffff:a00:1]:443"), &t).is_some());
+        assert!(env_proxy(&e("[::ffff:10.0.0.1]"), &t).is_some(), "Rust's std form is not Node's");
+        assert_eq!(env_proxy(&e("[2001:db8::1]"), &url("https://[2001:DB8:0:0::1]/")), None);
+        assert_eq!(env_proxy(&e("*"), &t), None);
     }
 
     #[test]

@@ -228,3 +228,83 @@ async fn on_a_cold_http1_client_the_gate_request_goes_out_beside_the_creation() 
     })
     .await;
 }
+
+/// A loopback "proxy" that reads each request head and answers it with `answer` (`None`:
+/// closes the connection without a word). Returns its URL and the heads it read.
+async fn scripted_proxy(answer: Option<&'static str>) -> (String, std::sync::Arc<std::sync::Mutex<Vec<String>>>) {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let url = format!("http://user:proxy-pass@{}", listener.local_addr().unwrap());
+    let heads = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
+    let seen = heads.clone();
+    tokio::spawn(async move {
+        while let Ok((mut sock, _)) = listener.accept().await {
+            let seen = seen.clone();
+            tokio::spawn(async move {
+                let mut buf = Vec::new();
+                let mut chunk = [0u8; 4096];
+                while !buf.windows(4).any(|w| w == b"\r\n\r\n") {
+                    match tokio::time::timeout(Duration::from_secs(5), sock.read(&mut chunk)).await {
+                        Ok(Ok(n)) if n > 0 => buf.extend_from_slice(&chunk[..n]),
+                        _ => return,
+                    }
+                }
+                seen.lock().unwrap().push(String::from_utf8_lossy(&buf).into_owned());
+                if let Some(a) = answer {
+                    let _ = sock.write_all(a.as_bytes()).await;
+                    let _ = sock.shutdown().await;
+                }
+            });
+        }
+    });
+    (url, heads)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_proxy_that_refuses_or_cannot_be_reached_has_its_own_error_and_nothing_reaches_createos() {
+    with_emulator(tls(true), |emu| async move {
+        let sb = emu.create_sandbox_now();
+        let port = emu.url().rsplit(':').next().unwrap().to_owned();
+        let cases: [(Option<&'static str>, &str, &str); 4] = [
+            (
+                Some("HTTP/1.1 407 Proxy Authentication Required\r\nProxy-Authenticate: Basic realm=\"x\"\r\nContent-Length: 0\r\n\r\n"),
+                "CreateOS proxy refused the connection (HTTP 407).",
+                "CREATEOS_PROXY_REFUSED",
+            ),
+            (Some("HTTP/1.1 403 Forbidden\r\nContent-Length: 0\r\n\r\n"), "CreateOS proxy refused the connection.", "CREATEOS_PROXY_REFUSED"),
+            (Some("HTTP/1.1 502 Bad Gateway\r\nContent-Length: 0\r\n\r\n"), "CreateOS proxy refused the connection.", "CREATEOS_PROXY_REFUSED"),
+            (None, "CreateOS proxy refused the connection.", "CREATEOS_PROXY_REFUSED"),
+        ];
+        for (answer, message, code) in cases {
+            emu.clear_requests();
+            let (proxy, heads) = scripted_proxy(answer).await;
+            let c = cfg(
+                &emu,
+                json!({ "apiUrl": format!("https://localhost:{port}"), "proxy": proxy, "caCertPem": emu.ca_pem().unwrap() }),
+            );
+            let err = execute(&c, &params(&sb, "echo never", None), Abort::new(), None).await.unwrap_err();
+            assert_eq!(err.to_string(), message, "{err:?}");
+            assert_eq!(err.code(), Some(code));
+            assert!(matches!(err, Error::ProxyRefused { .. }), "{err:?}");
+            assert!(!format!("{err:?}").contains("proxy-pass"));
+            let heads = heads.lock().unwrap().clone();
+            assert!(!heads.is_empty() && heads.iter().all(|h| h.starts_with(&format!("CONNECT localhost:{port} "))), "{heads:?}");
+            assert!(emu.requests().is_empty(), "{:?}", emu.requests());
+        }
+
+        // Nothing listens on the proxy's port.
+        let dead = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap();
+        let c = cfg(
+            &emu,
+            json!({ "apiUrl": format!("https://localhost:{port}"), "proxy": format!("http://{dead}"), "caCertPem": emu.ca_pem().unwrap() }),
+        );
+        let err = execute(&c, &params(&sb, "echo never", None), Abort::new(), None).await.unwrap_err();
+        assert!(matches!(err, Error::ProxyUnreachable { .. }), "{err:?}");
+        assert_eq!(err.to_string(), "CreateOS proxy could not be reached.");
+        assert_eq!(err.code(), Some("CREATEOS_PROXY_UNREACHABLE"));
+        assert!(emu.requests().is_empty());
+        assert_eq!(emu.connections(), 0, "no connection ever reached the emulator");
+        assert_nothing_alive(&emu).await;
+    })
+    .await;
+}
