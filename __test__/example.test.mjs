@@ -42,10 +42,20 @@ function check(r) {
   assert.equal(r.stderr.replace(/^\(node:\d+\) ExperimentalWarning:.*\n(\(Use `node --trace-warnings.*\n)?/m, ''), '')
 }
 
-test('the README shows examples/first-host.ts, verbatim', () => {
+test('the README shows examples/first-host.ts and examples/diagnostics.ts verbatim', () => {
   const readme = readFileSync(join(ROOT, 'README.md'), 'utf8')
-  const example = readFileSync(EXAMPLE, 'utf8')
-  assert.ok(readme.includes(`\`\`\`ts\n${example}\`\`\``), 'README.md holds examples/first-host.ts in a ```ts block')
+  for (const file of ['first-host.ts', 'diagnostics.ts']) {
+    const example = readFileSync(join(ROOT, 'examples', file), 'utf8')
+    assert.ok(readme.includes(`\`\`\`ts\n${example}\`\`\``), `README.md holds examples/${file} in a \`\`\`ts block`)
+  }
+})
+
+test('the README stays short, keeps its two quick-start commands, and every docs/ link resolves', async () => {
+  const { existsSync } = await import('node:fs')
+  const readme = readFileSync(join(ROOT, 'README.md'), 'utf8')
+  assert.ok(readme.split('\n').length <= 250, `README.md has ${readme.split('\n').length} lines`)
+  assert.ok(readme.includes('```sh\nnpm ci && npm run demo\nnpm test\n```'), 'the quick start is the two commands')
+  for (const [, target] of readme.matchAll(/\]\((docs\/[^)#]+)(#[^)]*)?\)/g)) assert.ok(existsSync(join(ROOT, target)), target)
 })
 
 test('the first example type-checks under strict nodenext and runs', { skip, timeout: 120_000 }, () => {
