@@ -25,7 +25,8 @@ export interface CreateosPacingShared {
    * (250 ms per decision), requests fall back to this process's own budget with the same rule;
    * `process.emitWarning` says so once per outage (code `CREATEOS_PACING_STORE_DOWN`) and once
    * when it answers again (`CREATEOS_PACING_STORE_RESTORED`). The URL never appears in an error
-   * or a warning.
+   * or a warning. A password goes only over TLS to a host that is not loopback: a `redis://` URL
+   * with a password to such a host is refused (use `rediss://`).
    */
   store?: string | false
   /**
@@ -70,7 +71,9 @@ export interface CreateosConfigLike {
    * A proxy for every request of this client: `http://` or `https://` (credentials allowed,
    * sent only to the proxy), used for loopback targets too and regardless of `NO_PROXY`.
    * HTTPS goes through it only as a `CONNECT` tunnel, so `apiUrl` must be `https://`.
-   * Without it, proxies come from the environment only when `NODE_USE_ENV_PROXY=1`.
+   * Without it, proxies come from the environment only with `NODE_USE_ENV_PROXY=1` or Node's
+   * `--use-env-proxy` (on the command line or in `NODE_OPTIONS`). A refusing proxy is
+   * `CREATEOS_PROXY_REFUSED`, an unreachable one `CREATEOS_PROXY_UNREACHABLE`.
    */
   proxy?: string | null
   /**
@@ -112,7 +115,10 @@ export type ExecuteMetadata = {
   processId: string | null
   /** True when stdout or stderr kept only its last 4,194,304 characters. */
   outputTruncated: boolean
-  /** Whether the whole process tree had exited when the command finished; `null` when unknown. */
+  /**
+   * Whether the whole process tree is gone: `true` also after a timeout whose tree was
+   * ended and proven gone, `false` when the command left processes running, `null` when unknown.
+   */
   treeExited: boolean | null
 }
 

@@ -444,7 +444,8 @@ function nativeParams(params) {
   const args = param(params, 'args', 'args')
   if (args !== undefined && args !== null) {
     if (!Array.isArray(args)) throw new CreateosInputError(`args must be an array of strings (got ${describe(args)}).`)
-    out.args = args.map((arg, i) => requireString(arg, `args[${i}]`))
+    // Array.from visits holes too (a hole is an undefined element).
+    out.args = Array.from(args, (arg, i) => requireString(arg, `args[${i}]`))
   }
   const cwd = param(params, 'cwd', 'cwd')
   if (cwd !== undefined && cwd !== null) out.cwd = requireString(cwd, 'cwd')
