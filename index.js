@@ -118,8 +118,8 @@ Object.defineProperty(CreateosDestroyError.prototype, DESTROY_BRAND, { value: tr
 
 /**
  * Every caller mistake (a missing or mistyped client, config field, parameter, signal or
- * callback): nothing was sent. The message names the field. A TypeError, as the checks in
- * JS threw before, so `instanceof TypeError` keeps working.
+ * callback, or a value a rule refuses): nothing was sent. The message names the field. It
+ * is a TypeError, so a host's `instanceof TypeError` check keeps working.
  */
 class CreateosInputError extends TypeError {
   constructor(message, options) {
@@ -336,7 +336,19 @@ function editDistance(a, b) {
   return d[a.length][b.length]
 }
 
+// Keys already looked at (hosts pass the same config object on every call); bounded.
+const closestCache = new Map()
+const MAX_CACHED_KEYS = 1024
+
 function closestField(key, known) {
+  const cacheKey = `${known === CONFIG_FIELDS ? '' : 'pacing.'}${key}`
+  if (closestCache.has(cacheKey)) return closestCache.get(cacheKey)
+  const found = findClosest(key, known)
+  if (closestCache.size < MAX_CACHED_KEYS) closestCache.set(cacheKey, found)
+  return found
+}
+
+function findClosest(key, known) {
   if (key.length > 64 || known.includes(key)) return undefined
   let best
   let bestDistance = MAX_TYPO_DISTANCE + 1
@@ -398,7 +410,7 @@ function describe(value) {
     case 'function': return 'a function'
     default:
       if (Array.isArray(value)) return 'an array'
-      if (Buffer.isBuffer(value)) return 'a Buffer'
+      if (typeof Buffer === 'function' && Buffer.isBuffer(value)) return 'a Buffer'
       if (ArrayBuffer.isView(value)) return `a ${value.constructor && value.constructor.name ? value.constructor.name : 'typed array'}`
       return 'an object'
   }
