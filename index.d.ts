@@ -254,8 +254,8 @@ export interface DestroyAttempt {
  */
 export declare class CreateosDestroyError extends Error {
   readonly code: 'CREATEOS_DESTROY_UNCONFIRMED'
-  /** The sandbox; `null` only when constructed by hand without one. */
-  readonly sandboxId: string | null
+  /** The sandbox (empty only when constructed by hand without one). */
+  readonly sandboxId: string
   readonly attempts: DestroyAttempt[]
   constructor(message?: string, options?: { sandboxId?: string; attempts?: DestroyAttempt[]; cause?: unknown })
 }
@@ -309,14 +309,14 @@ export interface CleanupAttempt {
 export declare class CreateosCleanupError extends Error {
   readonly code: 'CREATEOS_CLEANUP_UNCONFIRMED'
   readonly reason: CleanupReason
-  /** The sandbox; `null` only when constructed by hand without one. */
-  readonly sandboxId: string | null
+  /** The sandbox to destroy (empty only when constructed by hand without one). */
+  readonly sandboxId: string
   /** The process that could not be proven gone; `null` when none was found (a lost creation answer). */
   readonly processId: string | null
   readonly attempts: CleanupAttempt[]
   constructor(message?: string, options?: {
     reason?: CleanupReason
-    sandboxId?: string | null
+    sandboxId?: string
     processId?: string | null
     attempts?: CleanupAttempt[]
     cause?: unknown

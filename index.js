@@ -88,7 +88,7 @@ class CreateosCleanupError extends Error {
     const o = options || {}
     this.code = CODES.cleanup
     this.reason = o.reason ?? 'termination-unconfirmed'
-    this.sandboxId = o.sandboxId ?? null
+    this.sandboxId = o.sandboxId ?? ''
     this.processId = o.processId ?? null
     this.attempts = Array.isArray(o.attempts) ? o.attempts : []
   }
@@ -107,7 +107,7 @@ class CreateosDestroyError extends Error {
     super(message, options && 'cause' in options ? { cause: options.cause } : undefined)
     const o = options || {}
     this.code = CODES.destroy
-    this.sandboxId = o.sandboxId ?? null
+    this.sandboxId = o.sandboxId ?? ''
     this.attempts = Array.isArray(o.attempts) ? o.attempts : []
   }
 }

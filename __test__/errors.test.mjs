@@ -131,7 +131,7 @@ test('every error class has its stable code, and the fields that are always set 
   const cleanup = new CreateosCleanupError('m')
   assert.equal(cleanup.code, 'CREATEOS_CLEANUP_UNCONFIRMED')
   assert.equal(cleanup.reason, 'termination-unconfirmed')
-  assert.equal(cleanup.sandboxId, null)
+  assert.equal(cleanup.sandboxId, '')
   assert.equal(cleanup.processId, null)
   const destroy = new CreateosDestroyError('m', { sandboxId: 's' })
   assert.equal(destroy.code, 'CREATEOS_DESTROY_UNCONFIRMED')

@@ -223,7 +223,7 @@ async function branch(client: CreateosClientLike, sandboxId: string): Promise<st
     switch (error.code) {
       case "CREATEOS_CLEANUP_UNCONFIRMED": {
         const reason: "creation-unconfirmed" | "termination-unconfirmed" = error.reason;
-        const sb: string | null = error.sandboxId;
+        const sb: string = error.sandboxId;
         const pid: string | null = error.processId;
         const steps: CleanupStep[] = error.attempts.map((a) => a.step);
         // @ts-expect-error processId is nullable, not a string

@@ -17,7 +17,7 @@ try {
   console.error(`${error.code}: ${error.message}`);
   if (error.code === "CREATEOS_CLEANUP_UNCONFIRMED") {
     // A process may still be alive: destroy the sandbox, never reuse it.
-    await destroySandbox(client, error.sandboxId ?? sandboxId);
+    await destroySandbox(client, error.sandboxId);
   } // any other error: every process the command started is proven gone
   process.exitCode = 1;
 } finally {
