@@ -188,7 +188,7 @@ void runInLease; void handlers; void syncCall; void sdkParams; void quoted; void
 new CreateosApiError(503, "process cleanup");
 new CreateosCleanupError("x", { reason: "termination-unconfirmed", attempts: [] });
 
-// --- issue 10: network configuration and error codes -------------------------
+// --- network configuration and error codes -----------------------------------
 import type { CreateosConfigLike, CreateosErrorCode } from "createos-execute";
 const netConfig: CreateosConfigLike = {
   apiUrl: "https://api.sb.createos.sh",
