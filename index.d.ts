@@ -25,7 +25,8 @@ export interface CreateosPacingShared {
    * (250 ms per decision), requests fall back to this process's own budget with the same rule;
    * `process.emitWarning` says so once per outage (code `CREATEOS_PACING_STORE_DOWN`) and once
    * when it answers again (`CREATEOS_PACING_STORE_RESTORED`). The URL never appears in an error
-   * or a warning.
+   * or a warning. A password goes only over TLS to a host that is not loopback: a `redis://` URL
+   * with a password to such a host is refused (use `rediss://`).
    */
   store?: string | false
   /**
@@ -36,7 +37,12 @@ export interface CreateosPacingShared {
   key?: string
 }
 
-/** `client.config` as this package reads it. Extra host fields are allowed and ignored. */
+/**
+ * `client.config` as this package reads it. A host's own fields are allowed and ignored (the
+ * functions taking a client are generic over the config type, so an object literal may carry
+ * them too); a key within two edits of a field below (`pacnig`, `timeout`) is reported once
+ * with `process.emitWarning` (code `CREATEOS_CONFIG_UNKNOWN_FIELD`).
+ */
 export interface CreateosConfigLike {
   /** `https://…` origin (optionally ending in `/v1`); plain `http` only on loopback. */
   apiUrl: string
@@ -65,7 +71,9 @@ export interface CreateosConfigLike {
    * A proxy for every request of this client: `http://` or `https://` (credentials allowed,
    * sent only to the proxy), used for loopback targets too and regardless of `NO_PROXY`.
    * HTTPS goes through it only as a `CONNECT` tunnel, so `apiUrl` must be `https://`.
-   * Without it, proxies come from the environment only when `NODE_USE_ENV_PROXY=1`.
+   * Without it, proxies come from the environment only with `NODE_USE_ENV_PROXY=1` or Node's
+   * `--use-env-proxy` (on the command line or in `NODE_OPTIONS`). A refusing proxy is
+   * `CREATEOS_PROXY_REFUSED`, an unreachable one `CREATEOS_PROXY_UNREACHABLE`.
    */
   proxy?: string | null
   /**
@@ -75,23 +83,9 @@ export interface CreateosConfigLike {
   caCertPem?: string | null
 }
 
-/**
- * `code` of the plain `Error`s this package throws:
- * `CREATEOS_CANCELLED` (aborted), `CREATEOS_INVALID_INPUT` (bad input or configuration, nothing
- * sent), `CREATEOS_TLS_UNTRUSTED` (`CreateOS TLS certificate is not trusted.`: nothing sent),
- * `CREATEOS_NOT_STARTED` (`CreateOS command did not start; its start gate could not be opened.`:
- * the command never ran, its process was ended and proven gone), `CREATEOS_ERROR` (the rest).
- */
-export type CreateosErrorCode =
-  | 'CREATEOS_CANCELLED'
-  | 'CREATEOS_INVALID_INPUT'
-  | 'CREATEOS_TLS_UNTRUSTED'
-  | 'CREATEOS_NOT_STARTED'
-  | 'CREATEOS_ERROR'
-
 /** The host's `CreateosClient`, or a plain `{ config, apiKey }`. */
-export interface CreateosClientLike {
-  readonly config: CreateosConfigLike
+export interface CreateosClientLike<C extends CreateosConfigLike = CreateosConfigLike> {
+  readonly config: C
   readonly apiKey?: string | null
 }
 
@@ -104,8 +98,9 @@ export interface ExecuteParams {
   env?: Record<string, string>
   stdin?: string | null
   /**
-   * Ignored: the plugin SDK's per-command timeout. The caller turns it into the
-   * `signal` (`AbortSignal.timeout(params.timeoutMs)`), which gives `timedOut: true`.
+   * **Ignored.** Accepted so the plugin SDK's params pass unchanged, but it does not time
+   * anything out: the only timeout is the caller's `signal`. Pass
+   * `AbortSignal.timeout(params.timeoutMs)` as the signal to get `timedOut: true`.
    */
   timeoutMs?: number
   /** Ignored: this package opens no persistent session, every command runs one-shot. */
@@ -120,7 +115,10 @@ export type ExecuteMetadata = {
   processId: string | null
   /** True when stdout or stderr kept only its last 4,194,304 characters. */
   outputTruncated: boolean
-  /** Whether the whole process tree had exited when the command finished; `null` when unknown. */
+  /**
+   * Whether the whole process tree is gone: `true` also after a timeout whose tree was
+   * ended and proven gone, `false` when the command left processes running, `null` when unknown.
+   */
   treeExited: boolean | null
 }
 
@@ -134,7 +132,8 @@ export type ExecuteResult = {
 }
 
 export type OutputStream = 'stdout' | 'stderr'
-export type LogFn = (stream: OutputStream, text: string) => void | Promise<void>
+/** Receives output as it arrives. Its return value is ignored (a rejected promise is reported once). */
+export type LogFn = (stream: OutputStream, text: string) => unknown
 
 export interface ProcessExit {
   exitCode: number | null
@@ -142,12 +141,17 @@ export interface ProcessExit {
 }
 
 /**
- * Runs `command` in the sandbox as a managed process and resolves when it exits.
- * A signal aborted with a `TimeoutError` reason resolves `{ timedOut: true }`;
- * any other abort rejects with `CreateOS command was cancelled.`.
+ * Runs `command` in the sandbox as a managed process and resolves when it exits, after the
+ * whole process tree is proven gone whenever it had to be ended.
+ *
+ * Timeouts: `params.timeoutMs` is **ignored**; the only timeout is `signal`. A signal aborted
+ * with a `TimeoutError` reason (`AbortSignal.timeout(ms)`) resolves `{ timedOut: true }` with
+ * the output so far; any other abort rejects with `CreateOS command was cancelled.`
+ * (`CREATEOS_CANCELLED`). Rejects with a `CreateosError`: `CreateosCleanupError` only when a
+ * process may still be alive.
  */
-export declare function execute(
-  client: CreateosClientLike,
+export declare function execute<C extends CreateosConfigLike>(
+  client: CreateosClientLike<C>,
   params: ExecuteParams,
   signal?: AbortSignal,
   log?: LogFn,
@@ -166,16 +170,16 @@ export type ExecuteStreamResult = ExecuteResult & {
  * the sandbox's processes, and it never throws `CreateosCleanupError`. A host that needs to
  * know every process is gone uses `execute`.
  */
-export declare function executeStream(
-  client: CreateosClientLike,
+export declare function executeStream<C extends CreateosConfigLike>(
+  client: CreateosClientLike<C>,
   params: ExecuteParams,
   signal?: AbortSignal,
   log?: LogFn,
 ): Promise<ExecuteStreamResult>
 
 /** Follows the output of a process the host created, until it exits. */
-export declare function followProcess(
-  client: CreateosClientLike,
+export declare function followProcess<C extends CreateosConfigLike>(
+  client: CreateosClientLike<C>,
   sandboxId: string,
   processId: string,
   signal: AbortSignal | undefined,
@@ -212,53 +216,171 @@ export interface SandboxTerminationReceipt {
  * state (`GET`) until `destroyed` or 404, within `cleanupDeadlineMs`. Otherwise rejects with
  * `CreateosDestroyError` (the sandbox may still exist).
  */
-export declare function destroySandbox(client: CreateosClientLike, sandboxId: string): Promise<SandboxTerminationReceipt>
+export declare function destroySandbox<C extends CreateosConfigLike>(
+  client: CreateosClientLike<C>,
+  sandboxId: string,
+): Promise<SandboxTerminationReceipt>
+
+/** The steps of `destroySandbox`: `destroy` (the DELETE), `state` (the GET), `backoff`. */
+export type DestroyStep = 'destroy' | 'state' | 'backoff'
+
+/** A sandbox state as `destroySandbox` reports it. */
+export type SandboxStateWord =
+  | 'creating' | 'running' | 'pausing' | 'paused' | 'resuming' | 'forking'
+  | 'error' | 'destroying' | 'destroyed' | 'failed' | 'other state'
+
+/** What one step of a cleanup, recovery or destruction saw, when it was an error answer. */
+export type AttemptFailure =
+  | `HTTP ${number}`
+  | 'no response'
+  | 'redirect refused'
+  | 'deadline passed'
+  | 'invalid answer'
+  | 'failed'
 
 export interface DestroyAttempt {
-  /** `destroy` (the DELETE), `state` (the GET) or `backoff` */
-  step: string
-  /** e.g. `destroying`, `HTTP 503`, `no response`, `deadline passed` */
-  outcome: string
+  step: DestroyStep
+  /** `null`: only process DELETEs have a grace period. */
+  graceMs: number | null
+  /** A sandbox state (`destroying`), `HTTP 404` (gone), or a failure (`HTTP 401`, `no response`, …). */
+  outcome: SandboxStateWord | AttemptFailure
+  /** Milliseconds since `destroySandbox` started. */
   atMs: number
 }
 
+/**
+ * `destroySandbox` could not confirm the sandbox gone within its deadline: it may still
+ * exist (and run processes).
+ */
 export declare class CreateosDestroyError extends Error {
-  readonly sandboxId?: string
+  readonly code: 'CREATEOS_DESTROY_UNCONFIRMED'
+  /** The sandbox (empty only when constructed by hand without one). */
+  readonly sandboxId: string
   readonly attempts: DestroyAttempt[]
   constructor(message?: string, options?: { sandboxId?: string; attempts?: DestroyAttempt[]; cause?: unknown })
 }
 
+/** An HTTP error status: the command failed, and every process it started is proven gone. */
 export declare class CreateosApiError extends Error {
+  readonly code: 'CREATEOS_API_ERROR'
   readonly status: number
   constructor(status: number, operation?: string, options?: { message?: string; cause?: unknown })
 }
 
 export type CleanupReason = 'creation-unconfirmed' | 'termination-unconfirmed'
 
+/**
+ * The steps of a cleanup: `delete` (a process DELETE, with its grace), `wait` (a
+ * `wait?scope=tree` confirmation), `list` (the search for a process behind a lost creation
+ * answer), `backoff` (the pause between rounds) and `internal` (a panic in native code).
+ */
+export type CleanupStep = 'delete' | 'wait' | 'list' | 'backoff' | 'internal'
+
+/**
+ * What a cleanup step saw. `tree exited` proves the tree gone; `HTTP 404` does too unless the
+ * tree was seen alive earlier in the call, which gives `HTTP 404 after alive` (no proof).
+ */
+export type CleanupOutcome =
+  | 'tree exited'
+  | 'tree_exited false'
+  | 'still running'
+  | 'HTTP 404'
+  | 'HTTP 404 after alive'
+  | 'invalid id'
+  | 'too many pages'
+  | 'panic'
+  | `found ${number}`
+  | AttemptFailure
+
 export interface CleanupAttempt {
-  /** e.g. `delete`, `wait`, `list`, `backoff`, `internal` (a panic in native code) */
-  step: string
+  step: CleanupStep
   /** `grace_ms` of a process DELETE; null for every other step. */
   graceMs: number | null
-  /** e.g. `tree_exited:false`, `http 503`, `no response`, `gone` */
-  outcome: string
+  /** Fixed words built from statuses only, e.g. `tree_exited false`, `HTTP 500`, `still running`. */
+  outcome: CleanupOutcome
   /** Milliseconds since the cleanup started. */
   atMs: number
 }
 
+/**
+ * A process may still be alive: destroy the sandbox (`destroySandbox(client, e.sandboxId)`)
+ * before reusing it.
+ */
 export declare class CreateosCleanupError extends Error {
-  readonly reason?: CleanupReason
-  readonly sandboxId?: string
-  readonly processId?: string
+  readonly code: 'CREATEOS_CLEANUP_UNCONFIRMED'
+  readonly reason: CleanupReason
+  /** The sandbox to destroy (empty only when constructed by hand without one). */
+  readonly sandboxId: string
+  /** The process that could not be proven gone; `null` when none was found (a lost creation answer). */
+  readonly processId: string | null
   readonly attempts: CleanupAttempt[]
   constructor(message?: string, options?: {
     reason?: CleanupReason
     sandboxId?: string
-    processId?: string
+    processId?: string | null
     attempts?: CleanupAttempt[]
     cause?: unknown
   })
 }
+
+/**
+ * A caller mistake, found before anything was sent: a missing or mistyped client, config
+ * field, parameter, signal or callback, or a value a rule refuses (NUL, a bad environment
+ * name, a malformed sandbox id). The message names the field, e.g.
+ * `args[1] must be a string (got a Buffer).` or `pacing.limit must be an integer between 1 and 1000000.`
+ * A `TypeError`, so `instanceof TypeError` holds too.
+ */
+export declare class CreateosInputError extends TypeError {
+  readonly code: 'CREATEOS_INVALID_INPUT'
+  constructor(message?: string, options?: { cause?: unknown })
+}
+
+/** An `Error` with one of this package's codes and no fields of its own. */
+export interface CreateosCodedError<C extends string> extends Error {
+  readonly code: C
+}
+
+/**
+ * `code` of the plain `Error`s this package throws:
+ * - `CREATEOS_CANCELLED`: `CreateOS command was cancelled.` (an abort that is not a timeout);
+ *   the tree was ended and proven gone.
+ * - `CREATEOS_TLS_UNTRUSTED`: `CreateOS TLS certificate is not trusted.`; nothing was sent.
+ * - `CREATEOS_NOT_STARTED`: `CreateOS command did not start; its start gate could not be
+ *   opened.`; the gate provably never reached the server, the process was ended and proven
+ *   gone, the sandbox can be reused.
+ * - `CREATEOS_PROXY_REFUSED`: the proxy refused the connection (e.g. `HTTP 407`); nothing
+ *   reached CreateOS.
+ * - `CREATEOS_PROXY_UNREACHABLE`: the proxy could not be reached; nothing reached CreateOS.
+ * - `CREATEOS_NATIVE_MISSING`: thrown when the package is loaded without its platform package.
+ * - `CREATEOS_ERROR`: protocol and connection failures (`CreateOS connection failed.`,
+ *   `CreateOS process output has a sequence gap.`, …).
+ */
+export type CreateosPlainErrorCode =
+  | 'CREATEOS_CANCELLED'
+  | 'CREATEOS_TLS_UNTRUSTED'
+  | 'CREATEOS_NOT_STARTED'
+  | 'CREATEOS_PROXY_REFUSED'
+  | 'CREATEOS_PROXY_UNREACHABLE'
+  | 'CREATEOS_NATIVE_MISSING'
+  | 'CREATEOS_ERROR'
+
+/**
+ * Every error this package throws, discriminated by `code`. (`followProcess` and
+ * `waitForRequest` reject with the signal's own `reason` on an abort, and `followProcess`
+ * with whatever `onData` threw: those are the caller's values.)
+ */
+export type CreateosError =
+  | CreateosApiError
+  | CreateosCleanupError
+  | CreateosDestroyError
+  | CreateosInputError
+  | { [C in CreateosPlainErrorCode]: CreateosCodedError<C> }[CreateosPlainErrorCode]
+
+/** Every `code` a `CreateosError` can have. */
+export type CreateosErrorCode = CreateosError['code']
+
+/** True for an error of this package (of any loaded copy of it): narrows to `CreateosError`. */
+export declare function isCreateosError(error: unknown): error is CreateosError
 
 /**
  * A message on the `createos-execute:request` diagnostics channel: one per HTTP attempt.

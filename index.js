@@ -59,6 +59,16 @@ function execArgvEnvProxy(argv) {
 native.setExecArgvEnvProxy(execArgvEnvProxy(process.execArgv))
 // ----------------------------------------------------------------------------------------
 
+// Every error this package throws carries a stable `code` (index.d.ts: `CreateosError`).
+const CODES = Object.freeze({
+  api: 'CREATEOS_API_ERROR',
+  cleanup: 'CREATEOS_CLEANUP_UNCONFIRMED',
+  destroy: 'CREATEOS_DESTROY_UNCONFIRMED',
+  input: 'CREATEOS_INVALID_INPUT',
+  cancelled: 'CREATEOS_CANCELLED',
+  error: 'CREATEOS_ERROR',
+})
+
 const CLEANUP_BRAND = Symbol.for('createos-execute.CleanupError')
 const API_BRAND = Symbol.for('createos-execute.ApiError')
 const DESTROY_BRAND = Symbol.for('createos-execute.DestroyError')
@@ -74,6 +84,7 @@ class CreateosApiError extends Error {
       ? options.message
       : `CreateOS request failed (HTTP ${status})${operation ? ` during ${operation}` : ''}.`
     super(message, options && 'cause' in options ? { cause: options.cause } : undefined)
+    this.code = CODES.api
     this.status = status
   }
 }
@@ -90,9 +101,10 @@ class CreateosCleanupError extends Error {
   constructor(message, options) {
     super(message, options && 'cause' in options ? { cause: options.cause } : undefined)
     const o = options || {}
-    this.reason = o.reason
-    this.sandboxId = o.sandboxId
-    this.processId = o.processId
+    this.code = CODES.cleanup
+    this.reason = o.reason ?? 'termination-unconfirmed'
+    this.sandboxId = o.sandboxId ?? ''
+    this.processId = o.processId ?? null
     this.attempts = Array.isArray(o.attempts) ? o.attempts : []
   }
 }
@@ -109,7 +121,8 @@ class CreateosDestroyError extends Error {
   constructor(message, options) {
     super(message, options && 'cause' in options ? { cause: options.cause } : undefined)
     const o = options || {}
-    this.sandboxId = o.sandboxId
+    this.code = CODES.destroy
+    this.sandboxId = o.sandboxId ?? ''
     this.attempts = Array.isArray(o.attempts) ? o.attempts : []
   }
 }
@@ -117,6 +130,40 @@ Object.defineProperty(CreateosDestroyError.prototype, 'name', {
   value: 'CreateosDestroyError', writable: true, configurable: true,
 })
 Object.defineProperty(CreateosDestroyError.prototype, DESTROY_BRAND, { value: true })
+
+/**
+ * Every caller mistake (a missing or mistyped client, config field, parameter, signal or
+ * callback, or a value a rule refuses): nothing was sent. The message names the field. It
+ * is a TypeError, so a host's `instanceof TypeError` check keeps working.
+ */
+class CreateosInputError extends TypeError {
+  constructor(message, options) {
+    super(message, options && 'cause' in options ? { cause: options.cause } : undefined)
+    this.code = CODES.input
+  }
+}
+Object.defineProperty(CreateosInputError.prototype, 'name', {
+  value: 'CreateosInputError', writable: true, configurable: true,
+})
+
+/** An `Error` with one of this package's codes (the plain ones: cancelled, TLS, not started, …). */
+function codedError(message, code) {
+  const error = new Error(message)
+  error.code = code
+  return error
+}
+
+/** True for any error this package (or another loaded copy of it) threw. */
+function isCreateosError(error) {
+  if (error === null || typeof error !== 'object') return false
+  let code
+  try {
+    code = error.code
+  } catch {
+    return false
+  }
+  return typeof code === 'string' && code.startsWith('CREATEOS_') && typeof error.message === 'string'
+}
 
 /** True for a CreateosCleanupError from this or any other loaded copy of the package. */
 function isCreateosCleanupError(error) {
@@ -146,24 +193,16 @@ function toError(e) {
         attempts: Array.isArray(err.attempts) ? err.attempts : [],
       })
     case 'cancelled':
-    case 'aborted': {
+    case 'aborted':
       // 'aborted' is a TimeoutError abort on an entry point that has no timedOut
       // result (followProcess, waitForRequest): a cancellation there too.
-      const error = new Error(message)
-      error.code = 'CREATEOS_CANCELLED'
-      return error
-    }
-    case 'input': {
-      const error = new Error(message)
-      error.code = 'CREATEOS_INVALID_INPUT'
-      return error
-    }
-    default: {
-      const error = new Error(message)
-      // Errors with a code of their own: CREATEOS_TLS_UNTRUSTED, CREATEOS_NOT_STARTED.
-      error.code = typeof err.code === 'string' ? err.code : 'CREATEOS_ERROR'
-      return error
-    }
+      return codedError(message, CODES.cancelled)
+    case 'input':
+      return new CreateosInputError(message)
+    default:
+      // Errors with a code of their own: CREATEOS_TLS_UNTRUSTED, CREATEOS_NOT_STARTED,
+      // CREATEOS_PROXY_REFUSED, CREATEOS_PROXY_UNREACHABLE.
+      return codedError(message, typeof err.code === 'string' ? err.code : CODES.error)
   }
 }
 
@@ -262,24 +301,107 @@ function resolveApiKey(client, config) {
 /** Host client (`client.config`, `client.apiKey`) or `{ config, apiKey }` → NativeClient. */
 function nativeClient(client) {
   if (client === null || typeof client !== 'object') {
-    throw new TypeError('A CreateOS client with a config object is required.')
+    throw new CreateosInputError(`client must be an object with a config object (got ${describe(client)}).`)
   }
   const config = readField(client, 'config').value
   if (config === null || typeof config !== 'object') {
-    throw new TypeError('A CreateOS client with a config object is required.')
+    throw new CreateosInputError(`client.config must be an object (got ${describe(config)}).`)
   }
+  warnUnknownFields(config)
   const out = {}
   for (const key of CONFIG_FIELDS) {
     const field = readField(config, key)
     if (field.threw) out[key] = NOT_JSON
     else if (field.value !== undefined) out[key] = jsonValue(field.value, 1)
   }
-  if (typeof out.apiUrl !== 'string' || out.apiUrl === NOT_JSON) throw new TypeError('CreateOS requires an API URL.')
+  if (typeof out.apiUrl !== 'string' || out.apiUrl === NOT_JSON) {
+    const field = readField(config, 'apiUrl')
+    throw new CreateosInputError(`CreateOS requires an API URL: apiUrl must be a string (got ${field.threw ? 'a throwing getter' : describe(field.value)}).`)
+  }
   out.apiKey = resolveApiKey(client, config)
   out.timeoutMs = out.timeoutMs ?? DEFAULT_TIMEOUT_MS
   // pacingStoreDefault is not a config field (not in CONFIG_FIELDS): only the environment sets it.
   withStoreDefault(out)
   return out
+}
+
+// ---------------------------------------------------------------------------
+// Misspelled config keys: a host's own fields are allowed (the plugin's config object holds
+// many), so only a key within a small edit distance of one this package reads is reported,
+// once per key and process, with the key it probably meant.
+
+const PACING_FIELDS = Object.freeze(['limit', 'windowMs', 'intervalMs', 'store', 'key'])
+const MAX_TYPO_DISTANCE = 2
+const warnedKeys = new Set()
+
+// Optimal string alignment distance (Damerau-Levenshtein with adjacent transpositions),
+// case-insensitive; bounded inputs (a config key longer than 64 characters is never a typo).
+function editDistance(a, b) {
+  a = a.toLowerCase()
+  b = b.toLowerCase()
+  const d = Array.from({ length: a.length + 1 }, (_, i) => [i, ...new Array(b.length).fill(0)])
+  for (let j = 1; j <= b.length; j++) d[0][j] = j
+  for (let i = 1; i <= a.length; i++) {
+    for (let j = 1; j <= b.length; j++) {
+      const cost = a[i - 1] === b[j - 1] ? 0 : 1
+      d[i][j] = Math.min(d[i - 1][j] + 1, d[i][j - 1] + 1, d[i - 1][j - 1] + cost)
+      if (i > 1 && j > 1 && a[i - 1] === b[j - 2] && a[i - 2] === b[j - 1]) d[i][j] = Math.min(d[i][j], d[i - 2][j - 2] + 1)
+    }
+  }
+  return d[a.length][b.length]
+}
+
+// Keys already looked at (hosts pass the same config object on every call); bounded.
+const closestCache = new Map()
+const MAX_CACHED_KEYS = 1024
+
+function closestField(key, known) {
+  const cacheKey = `${known === CONFIG_FIELDS ? '' : 'pacing.'}${key}`
+  if (closestCache.has(cacheKey)) return closestCache.get(cacheKey)
+  const found = findClosest(key, known)
+  if (closestCache.size < MAX_CACHED_KEYS) closestCache.set(cacheKey, found)
+  return found
+}
+
+function findClosest(key, known) {
+  if (key.length > 64 || known.includes(key)) return undefined
+  let best
+  let bestDistance = MAX_TYPO_DISTANCE + 1
+  for (const candidate of known) {
+    const distance = editDistance(key, candidate)
+    if (distance < bestDistance) {
+      best = candidate
+      bestDistance = distance
+    }
+  }
+  return best
+}
+
+function ownKeys(object) {
+  try {
+    return Object.keys(object)
+  } catch {
+    return []
+  }
+}
+
+function warnUnknownFields(config) {
+  const check = (keys, known, prefix) => {
+    for (const key of keys) {
+      const meant = closestField(key, known)
+      if (meant === undefined || meant.startsWith('__')) continue
+      const path = `${prefix}${key}`
+      if (warnedKeys.has(path)) continue
+      warnedKeys.add(path)
+      process.emitWarning(
+        `createos-execute: the config field "${path}" is not one this package reads (did you mean "${prefix}${meant}"?); it is ignored.`,
+        { code: 'CREATEOS_CONFIG_UNKNOWN_FIELD' },
+      )
+    }
+  }
+  check(ownKeys(config), CONFIG_FIELDS, '')
+  const pacing = readField(config, 'pacing').value
+  if (pacing !== null && typeof pacing === 'object' && !Array.isArray(pacing)) check(ownKeys(pacing), PACING_FIELDS, 'pacing.')
 }
 
 // CREATEOS_PACING_STORE: the pacing store of every client that names none (read here
@@ -290,19 +412,80 @@ function withStoreDefault(out) {
   return out
 }
 
+// What a value is, for an input error's message: its type, never its content.
+function describe(value) {
+  if (value === null) return 'null'
+  if (value === undefined) return 'undefined'
+  switch (typeof value) {
+    case 'string': return 'a string'
+    case 'number': return 'a number'
+    case 'boolean': return 'a boolean'
+    case 'bigint': return 'a bigint'
+    case 'symbol': return 'a symbol'
+    case 'function': return 'a function'
+    default:
+      if (Array.isArray(value)) return 'an array'
+      if (typeof Buffer === 'function' && Buffer.isBuffer(value)) return 'a Buffer'
+      if (ArrayBuffer.isView(value)) return `a ${value.constructor && value.constructor.name ? value.constructor.name : 'typed array'}`
+      return 'an object'
+  }
+}
+
+// An env name as it appears in a message: `env.NAME`, or `env["odd name"]` (bounded).
+function envPath(key) {
+  return /^[A-Za-z_][A-Za-z0-9_]*$/.test(key) && key.length <= 64 ? `env.${key}` : `env[${JSON.stringify(key.slice(0, 64))}]`
+}
+
+// Reads a parameter; a throwing getter is that field being invalid.
+function param(object, key, path) {
+  const field = readField(object, key)
+  if (field.threw) throw new CreateosInputError(`${path} could not be read (its getter threw).`)
+  return field.value
+}
+
+function requireString(value, path, what = 'a string') {
+  if (typeof value !== 'string') throw new CreateosInputError(`${path} must be ${what} (got ${describe(value)}).`)
+  return value
+}
+
+/**
+ * The command parameters as plain JSON, every type checked here so that no value JSON cannot
+ * hold (a Buffer, a function, a symbol, a bigint) reaches the native layer. The values'
+ * rules (NUL, environment names, the sandbox id's form) are checked natively.
+ */
 function nativeParams(params) {
   if (params === null || typeof params !== 'object') {
-    throw new TypeError('Sandbox command parameters are required.')
+    throw new CreateosInputError(`params must be an object with lease and command (got ${describe(params)}).`)
   }
   const out = {}
-  const lease = params.lease
-  const sandboxId = lease !== null && typeof lease === 'object' ? lease.providerLeaseId : undefined
-  if (sandboxId !== undefined) out.sandboxId = sandboxId
-  if (params.command !== undefined) out.command = params.command
-  if (params.args !== undefined) out.args = params.args
-  if (params.cwd !== undefined) out.cwd = params.cwd
-  if (params.env !== undefined) out.env = params.env
-  if (params.stdin !== undefined && params.stdin !== null) out.stdin = params.stdin
+  const lease = param(params, 'lease', 'lease')
+  if (lease === null || typeof lease !== 'object') {
+    throw new CreateosInputError(`lease must be an object with providerLeaseId (got ${describe(lease)}).`)
+  }
+  out.sandboxId = requireString(param(lease, 'providerLeaseId', 'lease.providerLeaseId'), 'lease.providerLeaseId', 'a sandbox ID string')
+  const command = param(params, 'command', 'command')
+  if (typeof command !== 'string' || command === '') {
+    throw new CreateosInputError(`A sandbox command is required: command must be a non-empty string (got ${command === '' ? 'an empty string' : describe(command)}).`)
+  }
+  out.command = command
+  const args = param(params, 'args', 'args')
+  if (args !== undefined && args !== null) {
+    if (!Array.isArray(args)) throw new CreateosInputError(`args must be an array of strings (got ${describe(args)}).`)
+    // Array.from visits holes too (a hole is an undefined element).
+    out.args = Array.from(args, (arg, i) => requireString(arg, `args[${i}]`))
+  }
+  const cwd = param(params, 'cwd', 'cwd')
+  if (cwd !== undefined && cwd !== null) out.cwd = requireString(cwd, 'cwd')
+  const env = param(params, 'env', 'env')
+  if (env !== undefined && env !== null) {
+    if (typeof env !== 'object' || Array.isArray(env) || ArrayBuffer.isView(env)) {
+      throw new CreateosInputError(`env must be an object whose values are strings (got ${describe(env)}).`)
+    }
+    out.env = {}
+    for (const key of ownKeys(env)) out.env[key] = requireString(param(env, key, envPath(key)), envPath(key))
+  }
+  const stdin = param(params, 'stdin', 'stdin')
+  if (stdin !== undefined && stdin !== null) out.stdin = requireString(stdin, 'stdin', 'a string or null')
   return out
 }
 
@@ -311,7 +494,7 @@ function nativeParams(params) {
 
 function guardLog(log) {
   if (log === undefined || log === null) return undefined
-  if (typeof log !== 'function') throw new TypeError('log must be a function.')
+  if (typeof log !== 'function') throw new CreateosInputError(`log must be a function (got ${describe(log)}).`)
   let warned = false
   // Reported once per call, and never with the chunk or the thrown error: either
   // may hold command output.
@@ -351,7 +534,7 @@ function isTimeout(signal) {
 function checkSignal(signal) {
   if (signal === undefined || signal === null) return undefined
   if (typeof signal !== 'object' || typeof signal.aborted !== 'boolean' || typeof signal.addEventListener !== 'function') {
-    throw new TypeError('signal must be an AbortSignal.')
+    throw new CreateosInputError(`signal must be an AbortSignal (got ${describe(signal)}).`)
   }
   return signal
 }
@@ -429,9 +612,11 @@ async function executeStream(client, params, signal, log) {
 
 async function followProcess(client, sandboxId, processId, signal, onData, onConnected) {
   const c = nativeClient(client)
-  if (typeof onData !== 'function') throw new TypeError('onData must be a function.')
+  requireString(sandboxId, 'sandboxId')
+  requireString(processId, 'processId')
+  if (typeof onData !== 'function') throw new CreateosInputError(`onData must be a function (got ${describe(onData)}).`)
   if (onConnected !== undefined && onConnected !== null && typeof onConnected !== 'function') {
-    throw new TypeError('onConnected must be a function.')
+    throw new CreateosInputError(`onConnected must be a function (got ${describe(onConnected)}).`)
   }
   // As in the TypeScript module, a throwing onData/onConnected ends the follow
   // with that error; the native side is cancelled so it stops reading at once.
@@ -479,6 +664,7 @@ function isCancelled(outcome) {
 }
 
 async function waitForRequest(apiUrl, signal) {
+  requireString(apiUrl, 'apiUrl')
   const c = withStoreDefault({ apiUrl, apiKey: '', timeoutMs: DEFAULT_TIMEOUT_MS })
   const outcome = await withCancel(signal, (handle) => native.waitForRequestNative(c, handle))
   if (isCancelled(outcome) && signal && signal.aborted) {
@@ -492,6 +678,7 @@ async function waitForRequest(apiUrl, signal) {
 // confirmed gone; else rejects with CreateosDestroyError.
 async function destroySandbox(client, sandboxId) {
   const c = nativeClient(client)
+  requireString(sandboxId, 'sandboxId', 'a sandbox ID string')
   return unwrap(await native.destroySandboxNative(c, sandboxId, diagnosticsCallback()))
 }
 
@@ -510,9 +697,9 @@ function parseFrame(bytes, decoder) {
   try {
     frame = JSON.parse(line)
   } catch {
-    throw new Error(INVALID_FRAME)
+    throw codedError(INVALID_FRAME, CODES.error)
   }
-  if (frame === null || typeof frame !== 'object' || Array.isArray(frame)) throw new Error(INVALID_FRAME)
+  if (frame === null || typeof frame !== 'object' || Array.isArray(frame)) throw codedError(INVALID_FRAME, CODES.error)
   return frame
 }
 
@@ -523,7 +710,7 @@ function parseFrame(bytes, decoder) {
  */
 async function* processEvents(response) {
   const body = response !== null && typeof response === 'object' ? response.body : undefined
-  if (body === null || body === undefined || typeof body.getReader !== 'function') throw new Error(EMPTY_STREAM)
+  if (body === null || body === undefined || typeof body.getReader !== 'function') throw codedError(EMPTY_STREAM, CODES.error)
   const reader = body.getReader()
   const decoder = new TextDecoder()
   let pending = [] // bytes of the line being read, as chunks
@@ -537,7 +724,7 @@ async function* processEvents(response) {
       const chunk = value instanceof Uint8Array ? value : new Uint8Array(value)
       let start = 0
       for (let nl = chunk.indexOf(10, start); nl !== -1; nl = chunk.indexOf(10, start)) {
-        if (pendingBytes + (nl - start) > MAX_FRAME_BYTES) throw new Error(FRAME_TOO_LARGE)
+        if (pendingBytes + (nl - start) > MAX_FRAME_BYTES) throw codedError(FRAME_TOO_LARGE, CODES.error)
         let line = chunk.subarray(start, nl)
         if (pendingBytes > 0) {
           pending.push(line)
@@ -554,7 +741,7 @@ async function* processEvents(response) {
       }
       if (start < chunk.length) {
         pendingBytes += chunk.length - start
-        if (pendingBytes > MAX_FRAME_BYTES) throw new Error(FRAME_TOO_LARGE)
+        if (pendingBytes > MAX_FRAME_BYTES) throw codedError(FRAME_TOO_LARGE, CODES.error)
         // Copied: the reader may reuse its buffer.
         pending.push(Uint8Array.prototype.slice.call(chunk, start))
       }
@@ -568,7 +755,7 @@ async function* processEvents(response) {
         yield frame
       }
     }
-    if (frames === 0) throw new Error(EMPTY_STREAM)
+    if (frames === 0) throw codedError(EMPTY_STREAM, CODES.error)
   } finally {
     if (!finished) await reader.cancel().catch(() => {})
     reader.releaseLock()
@@ -576,7 +763,13 @@ async function* processEvents(response) {
 }
 
 function shellQuote(value) {
-  return native.shellQuote(value)
+  requireString(value, 'value')
+  try {
+    return native.shellQuote(value)
+  } catch (error) {
+    // The one native refusal: NUL in the value.
+    throw new CreateosInputError(error && typeof error.message === 'string' ? error.message : 'Sandbox command values cannot contain NUL.')
+  }
 }
 
 module.exports = {
@@ -590,5 +783,7 @@ module.exports = {
   CreateosCleanupError,
   CreateosApiError,
   CreateosDestroyError,
+  CreateosInputError,
   isCreateosCleanupError,
+  isCreateosError,
 }

@@ -22,11 +22,15 @@ void quoted;
 
 // The hand-written public types and the generated ones agree field for field: a field added,
 // removed, renamed or retyped on either side stops this compiling.
-import type { ExecuteResult, ExecuteMetadata, ProcessExit, SandboxTerminationReceipt, CleanupAttempt } from "createos-execute";
+import type { ExecuteResult, ExecuteMetadata, ProcessExit, SandboxTerminationReceipt, CleanupAttempt, DestroyAttempt } from "createos-execute";
 type Equal<A, B> = (<T>() => T extends A ? 1 : 2) extends <T>() => T extends B ? 1 : 2 ? true : false;
 const resultShape: Equal<native.NativeExecuteResult, ExecuteResult> = true;
 const metadataShape: Equal<native.NativeExecuteMetadata, ExecuteMetadata> = true;
 const exitShape: Equal<native.NativeProcessExit, ProcessExit> = true;
 const receiptShape: Equal<native.NativeTerminationReceipt, SandboxTerminationReceipt> = true;
-const attemptShape: Equal<native.NativeAttempt, CleanupAttempt> = true;
-void resultShape; void metadataShape; void exitShape; void receiptShape; void attemptShape;
+// The attempts narrow `step` and `outcome` to the words that occur (checked against the Rust
+// source by __test__/errors.test.mjs): same fields, each assignable to the native one.
+type Widened<T> = { [K in keyof T]: T[K] extends string ? string : T[K] };
+const attemptShape: Equal<native.NativeAttempt, Widened<CleanupAttempt>> = true;
+const destroyAttemptShape: Equal<native.NativeAttempt, Widened<DestroyAttempt>> = true;
+void resultShape; void metadataShape; void exitShape; void receiptShape; void attemptShape; void destroyAttemptShape;

@@ -15,7 +15,7 @@ async function emulator(): Promise<void> {
   const pids: number[] = emu.livePids();
   await emu.close();
   void url; void key; void route; void out; void pids;
-  // The network options and observations (issue 10), through the binding and the package.
+  // The network options and observations, through the binding and the package.
   const net: native.Emulator = await native.startEmulator({ tls: true, http2: false, rttMs: 20, holdHeaders: true, heartbeatMs: 1000 });
   const ca: string | null = net.caPem;
   const conns: number = net.connections();

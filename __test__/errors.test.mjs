@@ -3,11 +3,18 @@
 import { test, before, after } from 'node:test'
 import assert from 'node:assert/strict'
 import { createRequire } from 'node:module'
+import { spawnSync } from 'node:child_process'
+import { mkdtempSync, readFileSync, rmSync, writeFileSync } from 'node:fs'
+import { tmpdir } from 'node:os'
+import { join } from 'node:path'
 import { fileURLToPath } from 'node:url'
 import { lib, startEmu, bashParams, rejection, TERMINATION_UNCONFIRMED, ROOT } from './helpers.mjs'
 
 const require = createRequire(import.meta.url)
-const { CreateosCleanupError, CreateosApiError, isCreateosCleanupError, waitForRequest } = lib
+const {
+  CreateosCleanupError, CreateosApiError, CreateosDestroyError, CreateosInputError,
+  isCreateosCleanupError, isCreateosError, waitForRequest,
+} = lib
 
 /** A second, independent copy of index.js (as when two versions are installed). */
 function loadSecondCopy() {
@@ -71,6 +78,8 @@ test('isCreateosCleanupError recognises an error from another loaded copy', asyn
     const error = await rejection(other.execute(ctx.client({ timeoutMs: 1500, legacyCleanup: true }),
       bashParams(sandbox, 'sleep 60'), AbortSignal.timeout(300)))
     assert.equal(error.message, TERMINATION_UNCONFIRMED)
+    assert.equal(error.code, 'CREATEOS_CLEANUP_UNCONFIRMED')
+    assert.equal(isCreateosError(error), true)
     assert.equal(error instanceof CreateosCleanupError, false)
     assert.equal(isCreateosCleanupError(error), true)
   } finally {
@@ -114,4 +123,174 @@ test('waitForRequest shares one budget with execute for the same origin (spacing
   await waitForRequest(ctx.url)
   const elapsed = performance.now() - t0
   assert.ok(elapsed >= 280, `two waits took only ${elapsed.toFixed(0)} ms`)
+})
+
+test('every error class has its stable code, and the fields that are always set are set', () => {
+  const api = new CreateosApiError(503, 'process cleanup')
+  assert.equal(api.code, 'CREATEOS_API_ERROR')
+  const cleanup = new CreateosCleanupError('m')
+  assert.equal(cleanup.code, 'CREATEOS_CLEANUP_UNCONFIRMED')
+  assert.equal(cleanup.reason, 'termination-unconfirmed')
+  assert.equal(cleanup.sandboxId, '')
+  assert.equal(cleanup.processId, null)
+  const destroy = new CreateosDestroyError('m', { sandboxId: 's' })
+  assert.equal(destroy.code, 'CREATEOS_DESTROY_UNCONFIRMED')
+  assert.equal(destroy.sandboxId, 's')
+  const input = new CreateosInputError('x must be a string.')
+  assert.equal(input.code, 'CREATEOS_INVALID_INPUT')
+  assert.ok(input instanceof TypeError)
+  assert.equal(input.name, 'CreateosInputError')
+  for (const e of [api, cleanup, destroy, input]) assert.equal(isCreateosError(e), true, e.name)
+  for (const v of [null, undefined, 'CREATEOS_ERROR', new Error('x'), { code: 'CREATEOS_ERROR' }, Object.assign(new Error('x'), { code: 'ENOENT' })]) {
+    assert.equal(isCreateosError(v), false, String(v))
+  }
+})
+
+test('errors thrown for real carry their codes: API, cleanup, destroy, cancelled, protocol', async () => {
+  const sandbox = ctx.sandbox()
+  ctx.emu.clearFaults()
+  ctx.emu.addFault({ route: 'putFile', times: 1, action: { kind: 'status', status: 403 } })
+  const api = await rejection(lib.execute(ctx.client(), bashParams(sandbox, 'cat', { stdin: 'x' })))
+  assert.ok(api instanceof CreateosApiError)
+  assert.equal(api.code, 'CREATEOS_API_ERROR')
+  assert.equal(api.status, 403)
+  ctx.emu.clearFaults()
+
+  ctx.emu.addFault({ route: 'deleteProcess', action: { kind: 'treeExitedFalse' } })
+  const cleanup = await rejection(lib.execute(ctx.client({ timeoutMs: 1500, legacyCleanup: true }),
+    bashParams(sandbox, 'echo started; sleep 60'), AbortSignal.timeout(600)))
+  ctx.emu.clearFaults()
+  assert.ok(cleanup instanceof CreateosCleanupError)
+  assert.equal(cleanup.code, 'CREATEOS_CLEANUP_UNCONFIRMED')
+  assert.equal(cleanup.reason, 'termination-unconfirmed')
+  assert.equal(cleanup.sandboxId, sandbox)
+  assert.equal(typeof cleanup.processId, 'string')
+  assert.ok(cleanup.attempts.length > 0)
+
+  const bad = await rejection(lib.destroySandbox({ config: { apiUrl: ctx.url, timeoutMs: 2000 }, apiKey: 'wrong-key' }, sandbox))
+  assert.ok(bad instanceof CreateosDestroyError)
+  assert.equal(bad.code, 'CREATEOS_DESTROY_UNCONFIRMED')
+  assert.equal(bad.sandboxId, sandbox)
+
+  const cancelled = await rejection(lib.execute(ctx.client(), bashParams(sandbox, 'sleep 60'), AbortSignal.abort()))
+  assert.equal(cancelled.code, 'CREATEOS_CANCELLED')
+
+  ctx.emu.addFault({ route: 'connect', times: 1, action: { kind: 'gapAfterFrames', frames: 1 } })
+  const gap = await rejection(lib.execute(ctx.client(), bashParams(sandbox, 'for i in 1 2 3 4; do echo $i; sleep 0.05; done')))
+  ctx.emu.clearFaults()
+  assert.equal(gap.code, 'CREATEOS_ERROR', gap.message)
+  for (const e of [api, cleanup, bad, cancelled, gap]) assert.equal(isCreateosError(e), true, e.message)
+})
+
+/** The top-level arguments of every call of `prefix` in `source` (balanced parentheses, strings skipped). */
+function calls(source, prefix) {
+  const out = []
+  for (let at = source.indexOf(prefix); at !== -1; at = source.indexOf(prefix, at + 1)) {
+    const args = []
+    let depth = 1
+    let current = ''
+    for (let i = at + prefix.length; i < source.length && depth > 0; i++) {
+      const c = source[i]
+      if (c === '"') {
+        const end = source.indexOf('"', i + 1)
+        current += source.slice(i, end + 1)
+        i = end
+        continue
+      }
+      if (c === '(') depth++
+      if (c === ')') depth--
+      if (depth === 0 || (depth === 1 && c === ',')) {
+        args.push(current.trim())
+        current = ''
+      } else {
+        current += c
+      }
+    }
+    out.push(args.filter((a) => a !== ''))
+  }
+  return out
+}
+
+// The words a cleanup or a destruction reports, read from the Rust source: every
+// `steps.push(step, grace, outcome)` call, with `outcome_of(..)`, `state_word(..)` and
+// `format!("found {}", ..)` expanded to what they return.
+function rustAttemptWords() {
+  const rust = readFileSync(join(ROOT, 'crates', 'core', 'src', 'cleanup.rs'), 'utf8')
+  const body = (name) => {
+    const start = rust.indexOf(`fn ${name}(`)
+    assert.ok(start >= 0, `fn ${name} in cleanup.rs`)
+    return rust.slice(start, rust.indexOf('\n}\n', start))
+  }
+  const literals = (text) => [...text.matchAll(/=>\s*(?:format!\()?"([^"]*)"/g)].map((m) => m[1].replace(/\{[a-z_]*\}/g, '7'))
+  const failures = literals(body('outcome_of')).map((w) => w.replace(/\.into\(\)$/, ''))
+  const states = literals(body('state_word'))
+  assert.ok(failures.includes('HTTP 7') && failures.includes('no response'), failures.join(','))
+  assert.ok(states.includes('destroying') && states.includes('other state'), states.join(','))
+  const pairs = []
+  for (const args of calls(rust, 'steps.push(')) {
+    assert.equal(args.length, 3, args.join(' | '))
+    const [step, , expr] = args
+    let words
+    if (expr.startsWith('outcome_of(')) words = failures
+    else if (expr.startsWith('state_word(')) words = states
+    else if (expr.startsWith('format!')) words = [JSON.parse(expr.match(/"[^"]*"/)[0]).replace(/\{[a-z_]*\}/g, '2')]
+    else words = [JSON.parse(expr)]
+    for (const w of words) pairs.push([JSON.parse(step), w])
+  }
+  assert.ok(pairs.length > 20, `found ${pairs.length} steps.push calls`)
+  return pairs
+}
+
+test('the d.ts unions of steps and outcomes hold every word the Rust source reports, and only those', () => {
+  const pairs = rustAttemptWords()
+  const DESTROY = new Set(['destroy', 'state'])
+  const seenDestroy = new Set(pairs.filter(([step]) => DESTROY.has(step)).map(([, w]) => w))
+  const lines = ['import type { CleanupAttempt, DestroyAttempt } from "createos-execute";']
+  pairs.forEach(([step, word], i) => {
+    const type = DESTROY.has(step) || (step === 'backoff' && seenDestroy.size === 0) ? 'DestroyAttempt' : 'CleanupAttempt'
+    lines.push(`export const a${i}: ${type} = { step: ${JSON.stringify(step)}, graceMs: null, outcome: ${JSON.stringify(word)}, atMs: 0 };`)
+  })
+  // backoff is a step of both.
+  lines.push('export const b1: DestroyAttempt = { step: "backoff", graceMs: null, outcome: "deadline passed", atMs: 0 };')
+  const dir = mkdtempSync(join(tmpdir(), 'createos-dts-words-'))
+  try {
+    writeFileSync(join(dir, 'words.ts'), `${lines.join('\n')}\n`)
+    writeFileSync(join(dir, 'tsconfig.json'), JSON.stringify({
+      compilerOptions: {
+        strict: true, noEmit: true, module: 'nodenext', moduleResolution: 'nodenext', types: ['node'],
+        typeRoots: [join(ROOT, 'node_modules', '@types')],
+        paths: { 'createos-execute': [join(ROOT, 'index.d.ts')] },
+      },
+      files: ['words.ts'],
+    }))
+    const tsc = spawnSync(process.execPath, [join(ROOT, 'node_modules', 'typescript', 'bin', 'tsc'), '-p', dir], { encoding: 'utf8' })
+    assert.equal(tsc.status, 0, `a word the Rust source reports is missing from index.d.ts:\n${tsc.stdout}${tsc.stderr}`)
+  } finally {
+    rmSync(dir, { recursive: true, force: true })
+  }
+
+  // And the other way: every literal word of the d.ts unions occurs in the Rust source.
+  const dts = readFileSync(join(ROOT, 'index.d.ts'), 'utf8')
+  const union = (name) => {
+    const start = dts.indexOf(`export type ${name} =`)
+    assert.ok(start >= 0, name)
+    const end = dts.indexOf('\n\n', start)
+    return [...dts.slice(start, end).matchAll(/'([^']*)'/g)].map((m) => m[1])
+  }
+  const words = new Set(pairs.map(([, w]) => w))
+  const steps = new Set(pairs.map(([s]) => s))
+  for (const w of [...union('CleanupOutcome'), ...union('AttemptFailure'), ...union('SandboxStateWord')]) {
+    assert.ok(words.has(w), `index.d.ts lists "${w}", which the Rust source never reports`)
+  }
+  for (const s of [...union('CleanupStep'), ...union('DestroyStep')]) assert.ok(steps.has(s), `step "${s}"`)
+})
+
+test('the doc comments quote outcomes that really occur', () => {
+  const words = new Set(rustAttemptWords().map(([, w]) => w))
+  const dts = readFileSync(join(ROOT, 'index.d.ts'), 'utf8')
+  const block = (name) => dts.slice(dts.lastIndexOf('/**', dts.indexOf(name)), dts.indexOf(name))
+  for (const name of ['export interface CleanupAttempt', 'export interface DestroyAttempt', 'export type CleanupOutcome']) {
+    const quoted = [...block(name).matchAll(/`([^`]+)`/g)].map((m) => m[1]).filter((w) => /^[a-zA-Z_ 0-9]+$/.test(w) && w !== 'null')
+    for (const w of quoted) assert.ok(words.has(w.replace(/\d+/g, (n) => (n === '404' ? n : '7'))) || words.has(w), `${name} quotes "${w}"`)
+  }
 })

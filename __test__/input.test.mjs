@@ -1,6 +1,7 @@
-// Input validation, HTTP rules and secrets (issue 2 §3 "Input", "HTTP").
-// Bad input is rejected before any request is sent.
-import { test, before } from 'node:test'
+// Input validation, HTTP rules and secrets. Every caller mistake is one class,
+// CreateosInputError (a TypeError) with code CREATEOS_INVALID_INPUT and a message naming
+// the field, and nothing is sent.
+import { test } from 'node:test'
 import assert from 'node:assert/strict'
 import { createServer } from 'node:http'
 import {
@@ -8,21 +9,169 @@ import {
   useEmulator
 } from './helpers.mjs'
 
-const { execute, executeStream, followProcess, shellQuote } = lib
+const { execute, executeStream, followProcess, shellQuote, destroySandbox, waitForRequest, CreateosInputError } = lib
 let ctx
 let sandbox
 useEmulator(import.meta.url, (c) => { ctx = c; sandbox = c.sandbox() })
 
+/** The one input-error contract: class, code, the field named, nothing internal. */
+function assertInputError(error, field, label) {
+  assert.ok(error instanceof CreateosInputError, `${label}: ${error && error.name}: ${error && error.message}`)
+  assert.ok(error instanceof TypeError && error instanceof Error, label)
+  assert.equal(error.name, 'CreateosInputError', label)
+  assert.equal(error.code, 'CREATEOS_INVALID_INPUT', label)
+  assert.ok(error.message.includes(field), `${label}: "${error.message}" names ${field}`)
+  assert.doesNotMatch(error.message, /serde|InvalidArg|napi|JS functions|represented/i, label)
+  assert.doesNotMatch(error.stack, /serde|InvalidArg/, label)
+}
+
+// Every kind of value that is not a string.
+const NOT_STRINGS = [
+  ['a Buffer', () => Buffer.from('x')],
+  ['a Uint8Array', () => new Uint8Array([120])],
+  ['a function', () => () => 'x'],
+  ['a number', () => 5],
+  ['a symbol', () => Symbol('x')],
+  ['a bigint', () => 5n],
+  ['an object', () => ({ toString: () => 'x' })],
+  ['a boolean', () => true],
+  ['an array', () => ['x']],
+]
+
+// [field named in the message, params built from a bad value]
+const PARAM_FIELDS = [
+  ['command', (v) => ({ ...bashParams(sandbox, 'echo'), command: v })],
+  ['args[1]', (v) => ({ ...bashParams(sandbox, 'echo'), args: ['-c', v] })],
+  ['args[0]', (v) => ({ ...bashParams(sandbox, 'echo'), args: [v] })],
+  ['env.A', (v) => ({ ...bashParams(sandbox, 'echo'), env: { OK: 'x', A: v } })],
+  ['stdin', (v) => ({ ...bashParams(sandbox, 'cat'), stdin: v })],
+  ['cwd', (v) => ({ ...bashParams(sandbox, 'pwd'), cwd: v })],
+  ['lease.providerLeaseId', (v) => ({ ...bashParams('x', 'echo'), lease: { providerLeaseId: v } })],
+]
+
+test('a non-string in any string field of the params: one class, one code, the field named, nothing sent', async () => {
+  let cases = 0
+  for (const [field, build] of PARAM_FIELDS) {
+    for (const [kind, make] of NOT_STRINGS) {
+      for (const [name, fn] of [['execute', execute], ['executeStream', executeStream]]) {
+        const label = `${name}: ${field} is ${kind}`
+        assertInputError(await rejection(fn(ctx.client(), build(make()))), field, label)
+        cases++
+      }
+    }
+  }
+  assert.equal(cases, PARAM_FIELDS.length * NOT_STRINGS.length * 2)
+  await sleep(20)
+  assert.deepEqual(ctx.requests(), [])
+})
+
+// [field named, a bad value, how to call]
+const CONTAINERS = [
+  ['params', undefined, (v) => execute(ctx.client(), v)],
+  ['params', 'echo hi', (v) => execute(ctx.client(), v)],
+  ['params', null, (v) => executeStream(ctx.client(), v)],
+  ['lease', undefined, (v) => execute(ctx.client(), { command: 'echo', lease: v })],
+  ['lease', 'sb-1', (v) => execute(ctx.client(), { command: 'echo', lease: v })],
+  ['args', 'echo hi', (v) => execute(ctx.client(), { ...bashParams(sandbox, 'echo'), args: v })],
+  ['args', Buffer.from('x'), (v) => execute(ctx.client(), { ...bashParams(sandbox, 'echo'), args: v })],
+  ['args', { 0: 'x' }, (v) => execute(ctx.client(), { ...bashParams(sandbox, 'echo'), args: v })],
+  ['env', 'A=1', (v) => execute(ctx.client(), { ...bashParams(sandbox, 'echo'), env: v })],
+  ['env', ['A=1'], (v) => execute(ctx.client(), { ...bashParams(sandbox, 'echo'), env: v })],
+  ['env', Buffer.from('A=1'), (v) => execute(ctx.client(), { ...bashParams(sandbox, 'echo'), env: v })],
+  ['command', '', (v) => execute(ctx.client(), { ...bashParams(sandbox, 'echo'), command: v })],
+  ['command', undefined, (v) => execute(ctx.client(), { ...bashParams(sandbox, 'echo'), command: v })],
+  ['client', undefined, (v) => execute(v, bashParams(sandbox, 'echo'))],
+  ['client', 'https://api.sb.createos.sh', (v) => execute(v, bashParams(sandbox, 'echo'))],
+  ['client.config', undefined, (v) => execute({ apiKey: 'k', config: v }, bashParams(sandbox, 'echo'))],
+  ['client.config', 'https://x', (v) => execute({ apiKey: 'k', config: v }, bashParams(sandbox, 'echo'))],
+  ['apiUrl', undefined, (v) => execute({ apiKey: 'k', config: { apiUrl: v } }, bashParams(sandbox, 'echo'))],
+  ['apiUrl', () => 'http://127.0.0.1:1', (v) => execute({ apiKey: 'k', config: { apiUrl: v } }, bashParams(sandbox, 'echo'))],
+  ['apiUrl', new URL('http://127.0.0.1:1'), (v) => execute({ apiKey: 'k', config: { apiUrl: v } }, bashParams(sandbox, 'echo'))],
+  ['signal', 'timeout', (v) => execute(ctx.client(), bashParams(sandbox, 'echo'), v)],
+  ['signal', 5000, (v) => execute(ctx.client(), bashParams(sandbox, 'echo'), v)],
+  ['signal', {}, (v) => executeStream(ctx.client(), bashParams(sandbox, 'echo'), v)],
+  ['log', 'stdout', (v) => execute(ctx.client(), bashParams(sandbox, 'echo'), undefined, v)],
+  ['log', {}, (v) => executeStream(ctx.client(), bashParams(sandbox, 'echo'), undefined, v)],
+  ['sandboxId', 5, (v) => followProcess(ctx.client(), v, 'p1', undefined, () => {})],
+  ['processId', Buffer.from('p'), (v) => followProcess(ctx.client(), sandbox, v, undefined, () => {})],
+  ['onData', undefined, (v) => followProcess(ctx.client(), sandbox, 'p1', undefined, v)],
+  ['onConnected', 'yes', (v) => followProcess(ctx.client(), sandbox, 'p1', undefined, () => {}, v)],
+  ['signal', 'x', (v) => followProcess(ctx.client(), sandbox, 'p1', v, () => {})],
+  ['sandboxId', () => 'sb', (v) => destroySandbox(ctx.client(), v)],
+  ['client', null, (v) => destroySandbox(v, sandbox)],
+  ['apiUrl', 5, (v) => waitForRequest(v)],
+  ['signal', 'x', (v) => waitForRequest(ctx.url, v)],
+]
+
+test('a missing or mistyped client, config, params, signal or callback: one class, one code, the field named', async () => {
+  for (const [field, value, call] of CONTAINERS) {
+    const label = `${field} = ${typeof value === 'string' ? JSON.stringify(value) : typeof value}`
+    assertInputError(await rejection(call(value)), field, label)
+  }
+  await sleep(20)
+  assert.deepEqual(ctx.requests(), [])
+})
+
+test('shellQuote: a non-string and NUL are input errors', () => {
+  for (const [kind, make] of NOT_STRINGS) {
+    let error
+    try { shellQuote(make()) } catch (e) { error = e }
+    assertInputError(error, 'value', `shellQuote(${kind})`)
+  }
+  let nul
+  try { shellQuote('a\0b') } catch (e) { nul = e }
+  assert.ok(nul instanceof CreateosInputError)
+  assert.equal(nul.message, 'Sandbox command values cannot contain NUL.')
+})
+
+// [field named, config override]: every config field, with a value of the wrong type or range.
+const CONFIG_FIELDS = [
+  ['timeoutMs', { timeoutMs: '5000' }],
+  ['timeoutMs', { timeoutMs: Buffer.from('1') }],
+  ['timeoutMs', { timeoutMs: 0 }],
+  ['pacing', { pacing: 'fast' }],
+  ['pacing', { pacing: () => 'off' }],
+  ['pacing.limit', { pacing: { limit: 0 } }],
+  ['pacing.limit', { pacing: { limit: () => 5 } }],
+  ['pacing.limit', { pacing: { limit: 5n } }],
+  ['pacing.windowMs', { pacing: { windowMs: '1s' } }],
+  ['pacing.intervalMs', { pacing: { intervalMs: -1 } }],
+  ['pacing.store', { pacing: { store: true } }],
+  ['pacing.store', { pacing: { store: Symbol('s') } }],
+  ['pacing.key', { pacing: { key: 5 } }],
+  ['cleanupGraceMs', { cleanupGraceMs: 1000 }],
+  ['cleanupGraceMs', { cleanupGraceMs: [1000, Buffer.from('1')] }],
+  ['cleanupDeadlineMs', { cleanupDeadlineMs: 'soon' }],
+  ['confirmPollMs', { confirmPollMs: {} }],
+  ['legacyCleanup', { legacyCleanup: 'yes' }],
+  ['leftoverProcesses', { leftoverProcesses: true }],
+  ['streamIdleTimeoutMs', { streamIdleTimeoutMs: () => 1 }],
+  ['proxy', { proxy: 5 }],
+  ['proxy', { proxy: Buffer.from('http://p:1') }],
+  ['caCertPem', { caCertPem: Buffer.from('-----BEGIN CERTIFICATE-----') }],
+]
+
+test('a bad value in any config field: one class, one code, the field named, nothing sent', async () => {
+  for (const [field, override] of CONFIG_FIELDS) {
+    const label = `config ${field}: ${Object.keys(override)}`
+    assertInputError(await rejection(execute(ctx.client(override), bashParams(sandbox, 'echo'))), field, label)
+    assertInputError(await rejection(destroySandbox(ctx.client(override), sandbox)), field, `destroySandbox ${label}`)
+  }
+  await sleep(20)
+  assert.deepEqual(ctx.requests(), [])
+})
+
+// Value rules (checked natively): the same class and code, with the TypeScript module's text.
 const BAD = [
   ['env name with a dash', { env: { 'BAD-NAME': 'x' } }, 'Invalid sandbox environment variable.'],
   ['env name starting with a digit', { env: { '1X': 'x' } }, 'Invalid sandbox environment variable.'],
   ['env name empty', { env: { '': 'x' } }, 'Invalid sandbox environment variable.'],
-  ['env value not a string', { env: { A: 1 } }, 'Invalid sandbox environment variable.'],
+  ['env value not a string', { env: { A: 1 } }, 'env.A must be a string (got a number).'],
   ['NUL in an env value', { env: { A: 'a\0b' } }, 'Sandbox command values cannot contain NUL.'],
   ['NUL in the command', { command: 'ec\0ho' }, 'Sandbox command values cannot contain NUL.'],
   ['NUL in an arg', { args: ['-c', 'echo \0'] }, 'Sandbox command values cannot contain NUL.'],
   ['NUL in cwd', { cwd: '/tmp/\0' }, 'Sandbox command values cannot contain NUL.'],
-  ['empty command', { command: '' }, 'A sandbox command is required.'],
+  ['empty command', { command: '' }, 'A sandbox command is required: command must be a non-empty string (got an empty string).'],
 ]
 
 for (const [name, override, message] of BAD) {
@@ -30,7 +179,8 @@ for (const [name, override, message] of BAD) {
     const params = { ...bashParams(sandbox, 'echo hi'), ...override }
     const error = await rejection(execute(ctx.client(), params))
     assert.equal(error.message, message)
-    assert.ok(error instanceof Error)
+    assert.ok(error instanceof CreateosInputError)
+    assert.equal(error.code, 'CREATEOS_INVALID_INPUT')
     const error2 = await rejection(executeStream(ctx.client(), params))
     assert.equal(error2.message, message)
     await sleep(20)
@@ -54,8 +204,9 @@ test('NUL in stdin is rejected before any request (or staged verbatim)', async (
 for (const bad of ['', 'has space', 'a/b', '../x', 'x'.repeat(201), 'semi;colon', 'ü']) {
   test(`rejects sandbox id ${JSON.stringify(bad.length > 20 ? `${bad.slice(0, 5)}…(${bad.length})` : bad)} before any request`, async () => {
     const error = await rejection(execute(ctx.client(), bashParams(bad, 'echo hi')))
-    assert.ok(error instanceof Error)
-    assert.ok(error.message.length > 0)
+    assert.ok(error instanceof CreateosInputError)
+    assert.equal(error.code, 'CREATEOS_INVALID_INPUT')
+    assert.equal(error.message, 'Invalid sandbox ID.')
     assert.ok(!error.message.includes(bad) || bad === '', 'the message does not echo the id')
     await sleep(20)
     assert.deepEqual(ctx.requests(), [])
@@ -65,7 +216,7 @@ for (const bad of ['', 'has space', 'a/b', '../x', 'x'.repeat(201), 'semi;colon'
 test('a missing lease or providerLeaseId null is rejected before any request', async () => {
   for (const params of [{ command: 'echo' }, { lease: { providerLeaseId: null }, command: 'echo' }, { lease: null, command: 'echo' }]) {
     const error = await rejection(execute(ctx.client(), params))
-    assert.ok(error instanceof Error)
+    assertInputError(error, 'lease', JSON.stringify(params))
   }
   assert.deepEqual(ctx.requests(), [])
 })
@@ -73,7 +224,8 @@ test('a missing lease or providerLeaseId null is rejected before any request', a
 test('followProcess validates both ids before any request', async () => {
   for (const [sb, pid] of [['bad id', 'p1'], [sandbox, 'bad/id'], [sandbox, '']]) {
     const error = await rejection(followProcess(ctx.client(), sb, pid, undefined, () => {}))
-    assert.ok(error instanceof Error)
+    assert.ok(error instanceof CreateosInputError)
+    assert.match(error.message, /^Invalid (sandbox|process) ID\.$/)
   }
   assert.deepEqual(ctx.requests(), [])
 })
@@ -183,4 +335,31 @@ test('shellQuote output survives bash unchanged', async () => {
   const script = `printf '%s\\0' ${values.map(shellQuote).join(' ')}`
   const r = await execute(ctx.client(), bashParams(sandbox, script))
   assert.deepEqual(r.stdout.split('\0').slice(0, -1), values)
+})
+
+// A misspelled key is reported once (it would otherwise be ignored silently); a host's own
+// fields, far from every known key, are not.
+test('a key within two edits of a known one warns once, naming it; host fields do not', async () => {
+  const warnings = []
+  const onWarning = (w) => { if (w.code === 'CREATEOS_CONFIG_UNKNOWN_FIELD') warnings.push(w.message) }
+  process.on('warning', onWarning)
+  try {
+    const config = {
+      pacnig: 'off', timeout: 5000, cleanupGraceMS: [1], region: 'eu', shape: 'small', rootfs: null,
+      egressAllowlist: [], reuseLease: true, autoPauseAfterSeconds: 60, pacing: { limit: 100, interval: 5, describe() {} },
+    }
+    for (let i = 0; i < 2; i++) {
+      const r = await execute(ctx.client(config), bashParams(sandbox, 'echo ok'))
+      assert.equal(r.stdout, 'ok\n')
+    }
+    await sleep(20)
+    assert.deepEqual(warnings.sort(), [
+      'createos-execute: the config field "cleanupGraceMS" is not one this package reads (did you mean "cleanupGraceMs"?); it is ignored.',
+      'createos-execute: the config field "pacing.interval" is not one this package reads (did you mean "pacing.intervalMs"?); it is ignored.',
+      'createos-execute: the config field "pacnig" is not one this package reads (did you mean "pacing"?); it is ignored.',
+      'createos-execute: the config field "timeout" is not one this package reads (did you mean "timeoutMs"?); it is ignored.',
+    ])
+  } finally {
+    process.off('warning', onWarning)
+  }
 })

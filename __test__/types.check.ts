@@ -188,7 +188,7 @@ void runInLease; void handlers; void syncCall; void sdkParams; void quoted; void
 new CreateosApiError(503, "process cleanup");
 new CreateosCleanupError("x", { reason: "termination-unconfirmed", attempts: [] });
 
-// --- issue 10: network configuration and error codes -------------------------
+// --- network configuration and error codes -----------------------------------
 import type { CreateosConfigLike, CreateosErrorCode } from "createos-execute";
 const netConfig: CreateosConfigLike = {
   apiUrl: "https://api.sb.createos.sh",
@@ -200,3 +200,124 @@ const notStarted: CreateosErrorCode = "CREATEOS_NOT_STARTED";
 const untrusted: CreateosErrorCode = "CREATEOS_TLS_UNTRUSTED";
 void notStarted;
 void untrusted;
+
+// --- errors you can branch on ----------------------------------------------------------
+import {
+  isCreateosError,
+  CreateosInputError,
+  CreateosDestroyError,
+  type CreateosError,
+  type CleanupAttempt,
+  type CleanupStep,
+  type DestroyAttempt,
+  type LogFn,
+} from "createos-execute";
+
+async function branch(client: CreateosClientLike, sandboxId: string): Promise<string> {
+  try {
+    await execute(client, { lease: { providerLeaseId: sandboxId }, command: "true" });
+    return "ok";
+  } catch (error) {
+    if (!isCreateosError(error)) throw error;
+    // `code` is the discriminant: each branch sees its class's fields, required or `| null`.
+    switch (error.code) {
+      case "CREATEOS_CLEANUP_UNCONFIRMED": {
+        const reason: "creation-unconfirmed" | "termination-unconfirmed" = error.reason;
+        const sb: string = error.sandboxId;
+        const pid: string | null = error.processId;
+        const steps: CleanupStep[] = error.attempts.map((a) => a.step);
+        // @ts-expect-error processId is nullable, not a string
+        const notNull: string = error.processId;
+        void reason; void sb; void pid; void steps; void notNull;
+        return "destroy";
+      }
+      case "CREATEOS_API_ERROR": {
+        const status: number = error.status;
+        return String(status);
+      }
+      case "CREATEOS_DESTROY_UNCONFIRMED": {
+        const attempts: DestroyAttempt[] = error.attempts;
+        return String(attempts.length);
+      }
+      case "CREATEOS_INVALID_INPUT": {
+        const input: CreateosInputError = error;
+        const t: TypeError = error;
+        void input; void t;
+        return "fix the call";
+      }
+      case "CREATEOS_CANCELLED":
+      case "CREATEOS_NOT_STARTED":
+      case "CREATEOS_TLS_UNTRUSTED":
+      case "CREATEOS_PROXY_REFUSED":
+      case "CREATEOS_PROXY_UNREACHABLE":
+      case "CREATEOS_NATIVE_MISSING":
+      case "CREATEOS_ERROR":
+        return error.message;
+      default: {
+        // Every code is handled above.
+        const never: never = error;
+        return never;
+      }
+    }
+  }
+}
+void branch;
+const errorCode: CreateosError["code"] = "CREATEOS_PROXY_REFUSED";
+void errorCode;
+// @ts-expect-error not a code of this package
+const badCode: CreateosError["code"] = "CREATEOS_OOPS";
+void badCode;
+const destroyError = new CreateosDestroyError("x", { sandboxId: "sb", attempts: [] });
+const destroyCode: "CREATEOS_DESTROY_UNCONFIRMED" = destroyError.code;
+void destroyCode;
+
+// The attempts' steps and outcomes are unions of the words that occur.
+const attempt: CleanupAttempt = { step: "delete", graceMs: 1000, outcome: "HTTP 404 after alive", atMs: 3 };
+const found: CleanupAttempt = { step: "list", graceMs: null, outcome: "found 2", atMs: 4 };
+const status503: CleanupAttempt = { step: "wait", graceMs: null, outcome: "HTTP 503", atMs: 5 };
+// @ts-expect-error not an outcome the cleanup reports
+const gone: CleanupAttempt = { step: "delete", graceMs: null, outcome: "gone", atMs: 1 };
+// @ts-expect-error not a step the cleanup reports
+const getStep: CleanupAttempt = { step: "get", graceMs: null, outcome: "HTTP 503", atMs: 1 };
+const destroyed: DestroyAttempt = { step: "state", graceMs: null, outcome: "destroying", atMs: 1 };
+void attempt; void found; void status503; void gone; void getStep; void destroyed;
+
+// --- small traps ---------------------------------------------------------------------
+// A log callback may return anything (process.stdout.write returns a boolean).
+const writeLog: LogFn = (stream, text) => (stream === "stdout" ? process.stdout : process.stderr).write(text);
+void execute(plain, { lease: { providerLeaseId: "sb" }, command: "x" }, undefined, (_s, t) => process.stdout.write(t));
+void writeLog;
+// A host's own config fields are allowed in an object literal, known fields stay checked.
+void execute({ config: { apiUrl: "https://api.sb.createos.sh", shape: "small", region: null, timeoutMs: 5000 } },
+  { lease: { providerLeaseId: "sb" }, command: "x" });
+// @ts-expect-error timeoutMs is a number
+void execute({ config: { apiUrl: "https://api.sb.createos.sh", shape: "small", timeoutMs: "5s" } }, { lease: { providerLeaseId: "sb" }, command: "x" });
+// @ts-expect-error apiUrl is required
+void destroySandbox({ config: { shape: "small" } }, "sb");
+
+// The emulator's fault rules are typed.
+async function faults(): Promise<void> {
+  const emu = await startEmulator();
+  emu.addFault({ route: "deleteProcess", times: 1, action: { kind: "status", status: 503 } });
+  emu.addFault({ route: "connect", action: { kind: "dropAfterFrames", frames: 3 } });
+  emu.addFault({ action: { kind: "delay", ms: 5 } });
+  // @ts-expect-error not a route of the emulator
+  emu.addFault({ route: "deleteProces", action: { kind: "treeExitedFalse" } });
+  // @ts-expect-error not a fault kind
+  emu.addFault({ route: "connect", action: { kind: "dropFrames", frames: 3 } });
+  // @ts-expect-error a status fault needs its status
+  emu.addFault({ route: "connect", action: { kind: "status" } });
+  await emu.close();
+}
+void faults;
+
+// The README's diagnostics example, as written there.
+import type { CleanupDiagnosticsMessage as CleanupMessage, RequestDiagnosticsMessage as RequestMessage } from "createos-execute";
+diagnostics.subscribe("createos-execute:request", (message) => {
+  const m = message as RequestMessage;
+  console.error(`${m.operation} ${m.method} → ${m.status ?? m.outcome} (attempt ${m.attempt}, ${m.durationMs} ms, paced ${m.pacingWaitMs} ms)`);
+});
+diagnostics.subscribe("createos-execute:cleanup", (message) => {
+  const m = message as CleanupMessage;
+  console.error(`cleanup ${m.step}${m.graceMs !== null ? ` grace ${m.graceMs} ms` : ""}: ${m.outcome} at ${m.atMs} ms`);
+});

@@ -11,7 +11,12 @@
 // by a signal exits 128 + the signal number, like a shell.
 
 const { constants } = require('node:os')
-const { execute, isCreateosCleanupError } = require('..')
+
+// Loaded when a command runs, so that a missing native binary (or any other load error) is
+// one line and exit 1, like every other failure, not a stack trace.
+function loadPackage() {
+  return require('..')
+}
 
 // `--local` needs the emulator, which is its own package (a devDependency of hosts' tests):
 // the production package does not contain it.
@@ -109,6 +114,12 @@ function parseArgs(argv) {
   return opts
 }
 
+// An error as one line: its message only (a stack or a cause would be many).
+function oneLine(error) {
+  const text = error && typeof error.message === 'string' && error.message ? error.message : String(error)
+  return text.replace(/\s*\n\s*/g, ' ')
+}
+
 function readStdin(file) {
   const fs = require('node:fs')
   return fs.readFileSync(file === '-' ? 0 : file, 'utf8')
@@ -127,6 +138,15 @@ async function main(argv) {
     process.stdout.write(`${USAGE}\n`)
     return 0
   }
+
+  let lib
+  try {
+    lib = loadPackage()
+  } catch (error) {
+    process.stderr.write(`createos-exec: ${oneLine(error)}\n`)
+    return 1
+  }
+  const { execute, isCreateosCleanupError } = lib
 
   let emulator
   let apiUrl = opts.apiUrl
@@ -180,7 +200,7 @@ async function main(argv) {
       process.stderr.write('createos-exec: cancelled; the command\'s processes were terminated.\n')
       return 128 + interrupted
     }
-    process.stderr.write(`createos-exec: ${error && error.message ? error.message : String(error)}\n`)
+    process.stderr.write(`createos-exec: ${oneLine(error)}\n`)
     return 1
   } finally {
     clearTimeout(timer)
@@ -194,7 +214,7 @@ if (require.main === module) {
     // Everything is closed by now; never linger on a stray handle.
     setTimeout(() => process.exit(code), 1000).unref()
   }, (error) => {
-    process.stderr.write(`createos-exec: ${error && error.message ? error.message : String(error)}\n`)
+    process.stderr.write(`createos-exec: ${oneLine(error)}\n`)
     process.exitCode = 1
   })
 }

@@ -53,7 +53,7 @@ export interface EmulatorRequest {
   method: string
   path: string
   query: string
-  /** Route name, e.g. `createProcess`, `connect`, `deleteProcess` (see README, "Faults"). */
+  /** Route name, e.g. `createProcess`, `connect`, `deleteProcess` (`unknown` for any other path). */
   route: string
   /** Status sent; 0 when none was (a dropped connection, or a body that never arrived in full). */
   status: number
@@ -72,6 +72,65 @@ export interface EmulatorRequest {
   connection: number
 }
 
+/** The emulator's route names, as `EmulatorRequest.route` and `FaultRule.route` spell them. */
+export type EmulatorRoute =
+  | 'whoami'
+  | 'createSandbox'
+  | 'getSandbox'
+  | 'deleteSandbox'
+  | 'putFile'
+  | 'getFile'
+  | 'exec'
+  | 'execStream'
+  | 'createProcess'
+  | 'listProcesses'
+  | 'getProcess'
+  | 'deleteProcess'
+  | 'connect'
+  | 'input'
+  | 'stdinClose'
+  | 'signal'
+  | 'wait'
+
+/** What a matching fault rule does (see docs/emulator.md, "Faults"). */
+export type FaultAction =
+  /** Answer `status`; with `afterHandler` the real handler ran first. A 429/503 carries `Retry-After: 1`, or `retryAfter` verbatim. */
+  | { kind: 'status'; status: number; afterHandler?: boolean; retryAfter?: string }
+  /** Close the connection without an answer (over HTTP/2: every stream of that connection). */
+  | { kind: 'dropConnection'; afterHandler?: boolean }
+  | { kind: 'delay'; ms: number }
+  /** Answer 307 with this `Location`. */
+  | { kind: 'redirect'; location: string }
+  // `connect` streams
+  | { kind: 'dropAfterFrames'; frames: number }
+  | { kind: 'duplicateFrames' }
+  | { kind: 'gapAfterFrames'; frames: number }
+  | { kind: 'malformedLine'; afterFrames: number }
+  | { kind: 'invalidBase64' }
+  | { kind: 'badSeq' }
+  | { kind: 'errorFrame'; error: string }
+  | { kind: 'oversizeFrame' }
+  | { kind: 'heartbeatsOnly'; ms: number }
+  | { kind: 'fastStream'; mib: number; frameBytes: number }
+  /** `connect` and `execStream`: SSE comments, `event:`/`id:`/`retry:` lines and `data:` prefixes. */
+  | { kind: 'sseNoise' }
+  // `deleteProcess`
+  | { kind: 'treeExitedFalse' }
+  | { kind: 'treeExitsAfter'; ms: number }
+  // `listProcesses`
+  | { kind: 'pageSize'; limit: number }
+
+/** A fault rule: the first `skip` matches pass, then `times` matches (default: all) get the action. */
+export interface FaultRule {
+  /** Absent: every route the action applies to. */
+  route?: EmulatorRoute
+  /** HTTP method, case-insensitive. Absent: any. */
+  method?: string
+  skip?: number
+  times?: number
+  action: FaultAction
+}
+
 export declare class Emulator {
   private constructor()
   /** `http://127.0.0.1:PORT`, or `https://127.0.0.1:PORT` with `tls`. */
@@ -83,8 +142,8 @@ export declare class Emulator {
   connections(): number
   requests(): EmulatorRequest[]
   clearRequests(): void
-  /** Adds a fault rule (see README, "Emulator faults"). */
-  addFault(rule: Record<string, unknown>): void
+  /** Adds a fault rule (see docs/emulator.md, "Faults"). */
+  addFault(rule: FaultRule): void
   clearFaults(): void
   /** Creates a running sandbox and returns its id. */
   createSandbox(): string

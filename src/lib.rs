@@ -65,7 +65,7 @@ const LOG_QUEUE: usize = 64;
 /// 128 KiB limit for objects of the young generation: a bigger string gets fresh pages of
 /// its own (with 1 MiB batches, 33–47 thousand page faults per 64 MiB of random output, most
 /// on the JS thread, against 6–10 thousand now), and then JS fell further behind and the
-/// batches grew (issue 13).
+/// batches grew.
 const LOG_BATCH_BYTES: usize = (128 << 10) - 64;
 
 /// The caller's `AbortSignal`, as seen from Rust. `index.js` calls `cancel` from the signal's

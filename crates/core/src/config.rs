@@ -19,10 +19,14 @@ use crate::script;
 pub const INVALID_SANDBOX_ID: &str = "Invalid sandbox ID.";
 pub const INVALID_PROCESS_ID: &str = "Invalid process ID.";
 pub const INVALID_TIMEOUT: &str = "timeoutMs must be an integer between 1 and 86400000.";
-pub const INVALID_ARGS: &str = "Sandbox command arguments must be an array of strings.";
-pub const INVALID_CWD: &str = "The sandbox working directory must be a string.";
+pub const INVALID_ARGS: &str = "args must be an array of strings.";
+pub const INVALID_CWD: &str = "cwd must be a string.";
 pub const INVALID_STDIN: &str = "Sandbox stdin must be a string.";
 pub const INVALID_PACING: &str = "pacing must be 'window', 'spacing', 'off' or an object { limit, windowMs, store, key } or { intervalMs, store, key }.";
+pub const INVALID_PACING_LIMIT: &str = "pacing.limit must be an integer between 1 and 1000000.";
+pub const INVALID_PACING_WINDOW: &str = "pacing.windowMs must be an integer between 1 and 3600000.";
+pub const INVALID_PACING_INTERVAL: &str = "pacing.intervalMs must be an integer between 0 and 600000.";
+pub const INVALID_LEGACY: &str = "legacyCleanup must be true or false.";
 pub const INVALID_PACING_STORE: &str = "pacing.store must be a redis:// or rediss:// URL, or false.";
 pub const INVALID_PACING_STORE_ENV: &str = "CREATEOS_PACING_STORE must be a redis:// or rediss:// URL.";
 pub const INVALID_PACING_KEY: &str =
@@ -33,8 +37,8 @@ pub const INVALID_CONFIRM: &str = "confirmPollMs must be an integer between 1 an
 pub const INVALID_LEFTOVER: &str = "leftoverProcesses must be 'keep' or 'terminate'.";
 pub const INVALID_IDLE: &str = "streamIdleTimeoutMs must be an integer between 1000 and 3600000.";
 pub const INVALID_PANIC_AT: &str = "__panicAt must be 'create', 'follow' or 'cleanup'.";
-pub const INVALID_CONFIG: &str = "CreateOS client configuration must be an object.";
-pub const INVALID_PARAMS: &str = "Sandbox command parameters must be an object.";
+pub const INVALID_CONFIG: &str = "client.config must be an object.";
+pub const INVALID_PARAMS: &str = "params must be an object with lease and command.";
 
 /// What to do with processes a command leaves behind after it exits.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -106,14 +110,15 @@ fn pacing_mode(v: &Value) -> Result<PacingMode> {
         }),
         Value::Object(p) => {
             if let Some(i) = opt(p, "intervalMs") {
-                let ms = integer(i, 0, 600_000).ok_or(Error::Input(INVALID_PACING))?;
+                let ms = integer(i, 0, 600_000).ok_or(Error::Input(INVALID_PACING_INTERVAL))?;
                 return Ok(PacingMode::Spacing { interval: Duration::from_millis(ms) });
             }
-            let limit =
-                opt(p, "limit").map_or(Some(300), |l| integer(l, 1, 1_000_000)).ok_or(Error::Input(INVALID_PACING))?;
+            let limit = opt(p, "limit")
+                .map_or(Some(300), |l| integer(l, 1, 1_000_000))
+                .ok_or(Error::Input(INVALID_PACING_LIMIT))?;
             let window = opt(p, "windowMs")
                 .map_or(Some(60_000), |w| integer(w, 1, 3_600_000))
-                .ok_or(Error::Input(INVALID_PACING))?;
+                .ok_or(Error::Input(INVALID_PACING_WINDOW))?;
             Ok(PacingMode::Window { limit: limit as usize, window: Duration::from_millis(window) })
         }
         _ => Err(Error::Input(INVALID_PACING)),
@@ -184,7 +189,11 @@ pub fn parse_config(v: &Value) -> Result<Config> {
     if let Some(c) = opt(m, "confirmPollMs") {
         cleanup.confirm_ms = integer(c, 1, 600_000).ok_or(Error::Input(INVALID_CONFIRM))?;
     }
-    cleanup.legacy = opt(m, "legacyCleanup").and_then(Value::as_bool).unwrap_or(false);
+    cleanup.legacy = match opt(m, "legacyCleanup") {
+        None => false,
+        Some(Value::Bool(b)) => *b,
+        Some(_) => return Err(Error::Input(INVALID_LEGACY)),
+    };
     let leftover = match opt(m, "leftoverProcesses").map(|v| v.as_str()) {
         None | Some(Some("keep")) => Leftover::Keep,
         Some(Some("terminate")) => Leftover::Terminate,
@@ -324,6 +333,27 @@ mod tests {
         assert_eq!(c.pacing.mode, Some(PacingMode::Spacing { interval: Duration::from_millis(300) }));
         assert_eq!(c.pacing.store, StoreChoice::Local);
         assert!(c.cleanup.legacy);
+    }
+
+    #[test]
+    fn each_bad_field_is_named() {
+        let bad = |extra: Value| {
+            let mut c = json!({"apiUrl": "https://x.io"});
+            c.as_object_mut().unwrap().extend(extra.as_object().unwrap().clone());
+            match parse_config(&c) {
+                Err(Error::Input(m)) => m,
+                _ => panic!("{extra}"),
+            }
+        };
+        assert_eq!(bad(json!({"pacing": {"limit": 0}})), INVALID_PACING_LIMIT);
+        assert_eq!(bad(json!({"pacing": {"limit": 1.5}})), INVALID_PACING_LIMIT);
+        assert_eq!(bad(json!({"pacing": {"windowMs": "1s"}})), INVALID_PACING_WINDOW);
+        assert_eq!(bad(json!({"pacing": {"intervalMs": -1}})), INVALID_PACING_INTERVAL);
+        assert_eq!(bad(json!({"pacing": "fast"})), INVALID_PACING);
+        assert_eq!(bad(json!({"legacyCleanup": "yes"})), INVALID_LEGACY);
+        for m in [INVALID_PACING_LIMIT, INVALID_PACING_WINDOW, INVALID_PACING_INTERVAL, INVALID_LEGACY] {
+            assert!(m.split(' ').next().unwrap().chars().all(|c| c.is_ascii_alphabetic() || c == '.'), "{m}");
+        }
     }
 
     #[test]
