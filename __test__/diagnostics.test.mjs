@@ -12,7 +12,7 @@ useEmulator(import.meta.url, (c) => { ctx = c; sandbox = c.sandbox() })
 
 const LABELS = new Set(['file transfer', 'process creation', 'stdin close', 'output connection', 'process cleanup',
   'process status', 'workspace command', 'sandbox lifecycle'])
-const OUTCOMES = new Set(['ok', 'http error', 'no response', 'redirect refused', 'untrusted certificate', 'aborted', 'failed'])
+const OUTCOMES = new Set(['ok', 'http error', 'no response', 'redirect refused', 'untrusted certificate', 'proxy refused', 'proxy unreachable', 'aborted', 'failed'])
 
 /** Subscribes to both channels while `run` runs; returns what each received. */
 async function recording(run) {
