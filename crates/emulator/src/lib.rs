@@ -92,6 +92,7 @@ compile_error!(
      it would claim `tree_exited` for trees it cannot see. Build the core crate or the addon instead."
 );
 
+mod cgroup;
 mod faults;
 mod model;
 mod net;
@@ -123,6 +124,54 @@ pub const MAX_RTT_MS: u64 = 60_000;
 pub const MAX_HEARTBEAT_MS: u64 = 86_400_000;
 /// Default [`EmulatorOptions::retained_bytes`] (256 MiB).
 pub const DEFAULT_RETAINED_BYTES: usize = 256 * 1024 * 1024;
+/// Default [`EmulatorOptions::pids_max`]: processes (and threads) one tree may hold at once.
+pub const DEFAULT_PIDS_MAX: u32 = 512;
+
+/// How an emulator finds the processes of a tree ([`Emulator::tracking`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub enum Tracking {
+    /// A cgroup v2 leaf per tree (`cgroup.freeze`; `pids.max` when the `pids` controller is
+    /// available there).
+    #[serde(rename = "cgroup-v2")]
+    CgroupV2,
+    /// A leaf per tree in the cgroup v1 `pids` and `freezer` hierarchies.
+    #[serde(rename = "cgroup-v1")]
+    CgroupV1,
+    /// The environment marker found through /proc (no cgroup hierarchy is writable here).
+    #[serde(rename = "marker")]
+    Marker,
+}
+
+impl Tracking {
+    /// `"cgroup-v2"`, `"cgroup-v1"` or `"marker"`.
+    #[must_use]
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Tracking::CgroupV2 => "cgroup-v2",
+            Tracking::CgroupV1 => "cgroup-v1",
+            Tracking::Marker => "marker",
+        }
+    }
+}
+
+/// [`EmulatorOptions::tracking`]: which tracking to use.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Deserialize)]
+pub enum TrackingMode {
+    /// cgroup v2 with a `pids` bound, else cgroup v1, else cgroup v2 without the bound, else the
+    /// marker.
+    #[default]
+    #[serde(rename = "auto")]
+    Auto,
+    /// cgroup v2 or fail to start.
+    #[serde(rename = "cgroup-v2")]
+    CgroupV2,
+    /// cgroup v1 (`pids` and `freezer`) or fail to start.
+    #[serde(rename = "cgroup-v1")]
+    CgroupV1,
+    /// The environment marker only.
+    #[serde(rename = "marker")]
+    Marker,
+}
 
 /// What [`Emulator::process_output`] recorded: (stdout, stderr).
 pub type Captured = (Vec<u8>, Vec<u8>);
@@ -195,6 +244,12 @@ pub struct EmulatorOptions {
     /// Heartbeat interval of connect and streaming-exec streams, ms (1 to
     /// [`MAX_HEARTBEAT_MS`]). Default 5000.
     pub heartbeat_ms: u64,
+    /// How trees are tracked (see "Process trees" above). Default [`TrackingMode::Auto`].
+    pub tracking: TrackingMode,
+    /// `pids.max` of each tree's cgroup (where the layout has a `pids` controller): a fork
+    /// beyond it fails with `EAGAIN`. Default `Some(`[`DEFAULT_PIDS_MAX`]`)`; `None` = no
+    /// bound; at least 1.
+    pub pids_max: Option<u32>,
 }
 
 impl Default for EmulatorOptions {
@@ -212,6 +267,8 @@ impl Default for EmulatorOptions {
             rtt_ms: 0,
             hold_headers: false,
             heartbeat_ms: 5_000,
+            tracking: TrackingMode::Auto,
+            pids_max: Some(DEFAULT_PIDS_MAX),
         }
     }
 }
@@ -258,6 +315,8 @@ pub(crate) struct FaultSlot {
 
 pub(crate) struct Inner {
     pub instance: String,
+    /// One leaf cgroup per tree, when trees are tracked by cgroup.
+    pub cgroups: Option<Arc<cgroup::Cgroups>>,
     pub api_key: String,
     pub root: PathBuf,
     pub owns_root: bool,
@@ -335,6 +394,9 @@ impl Drop for Inner {
             procfs::signal_entries(&found, nix::sys::signal::Signal::SIGKILL, &[]);
             std::thread::sleep(Duration::from_millis(5));
         }
+        if let Some(cg) = &self.cgroups {
+            cg.kill_all_and_remove(Instant::now() + Duration::from_millis(500));
+        }
         if let Ok(sbs) = self.sandboxes.get_mut() {
             for sb in sbs.values() {
                 let _ = std::fs::remove_dir_all(&sb.dir);
@@ -371,7 +433,22 @@ pub async fn start(opts: EmulatorOptions) -> std::io::Result<Emulator> {
             format!("rttMs must be at most {MAX_RTT_MS}"),
         ));
     }
+    if opts.pids_max == Some(0) {
+        return Err(std::io::Error::new(std::io::ErrorKind::InvalidInput, "pidsMax must be at least 1"));
+    }
     let instance = format!("emu{}", &uuid::Uuid::new_v4().simple().to_string()[..12]);
+    let want = match opts.tracking {
+        TrackingMode::Auto => Some(cgroup::Want::Auto),
+        TrackingMode::CgroupV2 => Some(cgroup::Want::V2),
+        TrackingMode::CgroupV1 => Some(cgroup::Want::V1),
+        TrackingMode::Marker => None,
+    };
+    let cgroups = match want {
+        Some(w) => cgroup::Cgroups::start(w, &instance, opts.pids_max).map_err(|e| {
+            std::io::Error::new(e.kind(), format!("tracking {:?} is not available here: {e}", opts.tracking))
+        })?,
+        None => None,
+    };
     let tls = if opts.tls { Some(tls::make(&instance, opts.http2)?) } else { None };
     let listener = tokio::net::TcpListener::bind(("127.0.0.1", opts.port)).await?;
     let addr = listener.local_addr()?;
@@ -390,6 +467,7 @@ pub async fn start(opts: EmulatorOptions) -> std::io::Result<Emulator> {
     let api_key = opts.api_key.clone().unwrap_or_else(|| format!("emu_{}", uuid::Uuid::new_v4().simple()));
     let inner = Arc::new(Inner {
         instance,
+        cgroups,
         api_key,
         root,
         owns_root,
@@ -448,6 +526,21 @@ impl Emulator {
 
     pub fn api_key(&self) -> String {
         self.inner.api_key.clone()
+    }
+
+    /// How this emulator finds the processes of a tree.
+    pub fn tracking(&self) -> Tracking {
+        match self.inner.cgroups.as_ref().map(|c| c.mode) {
+            Some(cgroup::Mode::V2) => Tracking::CgroupV2,
+            Some(cgroup::Mode::V1) => Tracking::CgroupV1,
+            None => Tracking::Marker,
+        }
+    }
+
+    /// The `pids.max` each tree's cgroup has; `None` when no bound applies (the marker, cgroup
+    /// v2 without its `pids` controller, or [`EmulatorOptions::pids_max`] `None`).
+    pub fn pids_max(&self) -> Option<u32> {
+        self.inner.cgroups.as_ref().and_then(|c| c.pids_max)
     }
 
     /// Every request so far, in arrival order.
@@ -532,6 +625,10 @@ impl Emulator {
         // Wait until every direct child was reaped (so no zombie of ours is left behind).
         while inner.unreaped.load(Ordering::SeqCst) > 0 && Instant::now() < deadline {
             let _ = tokio::time::timeout(Duration::from_millis(20), inner.reaped_notify.notified()).await;
+        }
+        if let Some(cg) = inner.cgroups.clone() {
+            // Whatever a cgroup still holds is killed frozen; then the cgroups are removed.
+            let _ = tokio::task::spawn_blocking(move || cg.kill_all_and_remove(deadline)).await;
         }
         let serve = inner.serve_task.lock().unwrap().take();
         if let Some(mut h) = serve {
