@@ -416,9 +416,9 @@ impl Leaf {
             Mode::V2 => fs::read_to_string(self.dirs[0].join("cgroup.events"))
                 .map(|s| s.lines().any(|l| l.trim() == "frozen 1"))
                 .unwrap_or(true),
-            Mode::V1 => fs::read_to_string(self.dirs[1].join("freezer.state"))
-                .map(|s| s.trim() == "FROZEN")
-                .unwrap_or(true),
+            Mode::V1 => {
+                fs::read_to_string(self.dirs[1].join("freezer.state")).map(|s| s.trim() == "FROZEN").unwrap_or(true)
+            }
         }
     }
 
@@ -435,7 +435,6 @@ impl Leaf {
         }
         gone
     }
-
 }
 
 /// Freeze the leaves, send `sig` to every member listed while frozen, thaw. Synchronous (a

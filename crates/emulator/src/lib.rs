@@ -25,28 +25,44 @@
 //!   contain `..` components and must not contain NUL; otherwise the answer is 400. A `PUT`
 //!   whose parent directory does not exist answers 404; a `GET` of a missing file answers 404.
 //!
-//! # Process trees: environment marker via /proc
+//! # Process trees: a cgroup per tree, or an environment marker
 //!
 //! Every process the emulator starts is spawned in a new process group (`setpgid(0, 0)`) and
 //! with the environment variable `CREATEOS_EMULATOR_MARK=<emulator instance id>:<process id>`.
-//! The *tree* of a managed process (or of an exec) is every live pid whose `/proc/<pid>/environ`
-//! carries that marker, plus every member of the leader's process group. Descendants inherit the
-//! marker, including ones that call `setsid` or double-fork, so they are found even after they
-//! left the group and were re-parented. Zombies (state `Z` in `/proc/<pid>/stat`) count as
-//! exited. A process that deliberately scrubs its environment *and* leaves the process group
-//! escapes tracking; that is the documented limit.
 //!
-//! cgroups are not used because the emulator runs unprivileged and usually inside the Node.js
-//! process of a test suite or developer machine, where creating and delegating a cgroup subtree
-//! is not possible (no write access to the cgroup hierarchy, cgroup v1/v2 differences,
-//! containers without a writable cgroupfs). The marker needs nothing but a readable `/proc`.
+//! **cgroups** ([`Tracking::CgroupV2`], [`Tracking::CgroupV1`]; [`Emulator::tracking`] says
+//! which). Where a cgroup hierarchy is writable (typically as root), each tree (a managed
+//! process or an exec) also gets a leaf cgroup of its own, under a parent of this instance
+//! (`createos-emulator-<os pid>-<instance id>`): cgroup v2 when its `pids` controller can be
+//! enabled there, else the v1 `pids` and `freezer` hierarchies, else v2 without a `pids` bound.
+//! The child writes itself into the leaf after the fork and before it executes the command, so
+//! every process the command ever starts is a member, whatever it does to its environment,
+//! session or parent; only one that writes itself into another cgroup leaves. The tree is the
+//! leaf's members; it has exited once the leader was reaped and the leaf lists no process (an
+//! empty cgroup stays empty). Killing it (DELETE, a sandbox DELETE, an exec's timeout, `close`)
+//! freezes the leaf, signals every member, thaws it (the order systemd uses: nothing forks past
+//! the signal), and repeats until the leaf is empty. Each leaf has `pids.max` =
+//! [`EmulatorOptions::pids_max`] (default 512) where the layout has a `pids` controller, so a
+//! fork loop is bounded. A leaf is removed once its leader was reaped and it is empty; `close`
+//! kills whatever is left and removes every leaf and the parent. An emulator's start removes
+//! the empty parents of emulators whose OS process is gone.
 //!
-//! One background task polls `/proc` every ~25 ms while any managed process is not yet
-//! `tree_exited` (or a reaped leader's process group still has members); one scan serves every
-//! check at that moment. A process group is forgotten once it is empty and its leader was
-//! reaped, so a recycled pid is never mistaken for one of ours. A tree is declared exited after
-//! two consecutive scans in which the leader has exited (and been reaped) and no process of the
-//! tree is alive, which closes the race of a process forking while a scan runs.
+//! **The marker** ([`Tracking::Marker`]: no writable hierarchy, or
+//! [`EmulatorOptions::tracking`] asked for it). The tree is every live pid whose
+//! `/proc/<pid>/environ` carries the marker, plus every member of the leader's process group.
+//! Descendants inherit the marker, including ones that call `setsid` or double-fork, so they are
+//! found even after they left the group and were re-parented. A process that clears its
+//! environment (`env -i`) *and* leaves the process group escapes: that is the limit of this
+//! fallback, and the reason cgroups come first.
+//!
+//! Zombies (state `Z` in `/proc/<pid>/stat`) count as exited in both. Process groups are
+//! tracked in both: one background task polls every ~25 ms while any managed process is not yet
+//! `tree_exited` (or a reaped leader's process group, or cgroup, still has members). A process
+//! group is forgotten once it is empty and its leader was reaped, so a recycled pid is never
+//! mistaken for one of ours. Without a cgroup a tree is declared exited after two consecutive
+//! /proc scans in which the leader has exited (and been reaped) and no process of the tree is
+//! alive, which closes the race of a process forking while a scan runs. [`Emulator::live_pids`]
+//! reports the members of this instance's cgroups and every marked process.
 //!
 //! # Output journal
 //!
@@ -77,9 +93,10 @@
 //! # Lifecycle
 //!
 //! [`Emulator::close`] stops accepting, aborts every open connection, SIGKILLs every process
-//! carrying this instance's marker (and every process group it started), waits (bounded, 5 s)
-//! until none is alive and every direct child was reaped, and removes the sandbox directories
-//! (and the root dir when the emulator created it). Dropping an [`Emulator`] without `close()`
+//! of its trees (members of its cgroups, frozen first; processes carrying this instance's
+//! marker; every process group it started), waits (bounded, 5 s) until none is alive and every
+//! direct child was reaped, and removes its cgroups and the sandbox directories (and the root
+//! dir when the emulator created it). Dropping an [`Emulator`] without `close()`
 //! only SIGKILLs the trees (best effort, synchronously) once every task of the emulator is gone,
 //! e.g. when its tokio runtime shuts down; inside a long-lived runtime (Node.js) nothing happens
 //! until `close()`, so always call `close()`.
@@ -171,6 +188,19 @@ pub enum TrackingMode {
     /// The environment marker only.
     #[serde(rename = "marker")]
     Marker,
+}
+
+impl TrackingMode {
+    /// `"auto"`, `"cgroup-v2"`, `"cgroup-v1"` or `"marker"`.
+    #[must_use]
+    pub fn as_str(self) -> &'static str {
+        match self {
+            TrackingMode::Auto => "auto",
+            TrackingMode::CgroupV2 => "cgroup-v2",
+            TrackingMode::CgroupV1 => "cgroup-v1",
+            TrackingMode::Marker => "marker",
+        }
+    }
 }
 
 /// What [`Emulator::process_output`] recorded: (stdout, stderr).
@@ -445,7 +475,7 @@ pub async fn start(opts: EmulatorOptions) -> std::io::Result<Emulator> {
     };
     let cgroups = match want {
         Some(w) => cgroup::Cgroups::start(w, &instance, opts.pids_max).map_err(|e| {
-            std::io::Error::new(e.kind(), format!("tracking {:?} is not available here: {e}", opts.tracking))
+            std::io::Error::new(e.kind(), format!("tracking {} is not available here: {e}", opts.tracking.as_str()))
         })?,
         None => None,
     };

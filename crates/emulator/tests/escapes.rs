@@ -40,8 +40,12 @@ impl Ctx {
         v["data"]["process_id"].as_str().unwrap().to_string()
     }
     async fn wait(&self, sb: &str, id: &str, scope: &str, ms: u64) -> (u16, Value) {
-        self.call(reqwest::Method::GET, &format!("/sandboxes/{sb}/processes/{id}/wait?scope={scope}&timeout_ms={ms}"), None)
-            .await
+        self.call(
+            reqwest::Method::GET,
+            &format!("/sandboxes/{sb}/processes/{id}/wait?scope={scope}&timeout_ms={ms}"),
+            None,
+        )
+        .await
     }
     async fn get(&self, sb: &str, id: &str) -> Value {
         self.call(reqwest::Method::GET, &format!("/sandboxes/{sb}/processes/{id}"), None).await.1
@@ -170,7 +174,11 @@ async fn exec_escape_is_killed_with_its_sandbox_and_on_close() {
         async move {
             let script = format!("env -i setsid sleep {arg} </dev/null >/dev/null 2>&1 & echo started");
             let (s, v) = c
-                .call(reqwest::Method::POST, &format!("/sandboxes/{sb}/exec"), Some(json!({"cmd":"bash","args":["-c",script]})))
+                .call(
+                    reqwest::Method::POST,
+                    &format!("/sandboxes/{sb}/exec"),
+                    Some(json!({"cmd":"bash","args":["-c",script]})),
+                )
                 .await;
             assert_eq!((s, v["data"]["stdout"].as_str()), (200, Some("started\n")), "{v}");
         }
