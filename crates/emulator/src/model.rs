@@ -673,7 +673,9 @@ pub(crate) async fn reaper(inner: Arc<Inner>) {
             }
         }
         let markers: HashSet<String> = pending.iter().filter(|p| p.leaf.is_none()).map(|p| p.marker.clone()).collect();
-        if markers.is_empty() && groups.is_empty() {
+        // A /proc scan serves trees without a cgroup and reaped leaders' groups; a running
+        // leader's group needs none (its state changes only once the leader is reaped).
+        if markers.is_empty() && !groups.values().any(|state| *state >= 1) {
             tokio::select! {
                 _ = tokio::time::sleep(REAP_POLL) => {}
                 _ = inner.shutdown.cancelled() => return,
