@@ -621,8 +621,8 @@ impl Emulator {
         RetainedOutput { bytes: r.total(), processes: r.len(), exits: r.exits(), evictions: r.evictions() }
     }
 
-    /// Every still-alive (non-zombie) pid carrying this emulator's marker or belonging to a
-    /// process group it started.
+    /// Every still-alive (non-zombie) pid of this emulator's trees: in one of its cgroups,
+    /// carrying its marker, or in a process group it started.
     pub fn live_pids(&self) -> Vec<i32> {
         let prefix = self.inner.mark_prefix();
         let groups = self.inner.live_groups();
