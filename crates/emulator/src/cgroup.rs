@@ -52,7 +52,6 @@ pub(crate) struct Cgroups {
     pub mode: Mode,
     /// The `pids.max` every leaf gets, when the layout has a `pids` controller.
     pub pids_max: Option<u32>,
-    instance: String,
     /// v2: `[parent]`; v1: `[pids parent, freezer parent]`.
     parents: Vec<PathBuf>,
     /// marker → leaf, until the leaf is removed.
@@ -69,7 +68,8 @@ pub(crate) struct Leaf {
 }
 
 /// Instances in this OS process that use cgroups (for [`leaf_of_mark`] and [`mark_of`]).
-static ACTIVE: Mutex<Vec<Weak<Cgroups>>> = Mutex::new(Vec::new());
+/// Each with its instance id, so a lookup by instance upgrades only the handle it needs.
+static ACTIVE: Mutex<Vec<(String, Weak<Cgroups>)>> = Mutex::new(Vec::new());
 static ACTIVE_COUNT: AtomicUsize = AtomicUsize::new(0);
 
 /// True while some emulator of this OS process tracks trees by cgroup.
@@ -150,14 +150,7 @@ fn sweep_stale(base: &Path) {
             continue;
         }
         // Only empty cgroups can be removed: a populated one stays, and says so by staying.
-        if let Ok(kids) = fs::read_dir(d.path()) {
-            for k in kids.flatten() {
-                if k.path().is_dir() {
-                    let _ = fs::remove_dir(k.path());
-                }
-            }
-        }
-        let _ = fs::remove_dir(d.path());
+        remove_below(&d.path(), 0);
     }
 }
 
@@ -186,7 +179,7 @@ impl Cgroups {
                     let cg = Arc::new(cg);
                     let mut active = ACTIVE.lock().unwrap();
                     prune(&mut active, |w| w.strong_count() > 0);
-                    active.push(Arc::downgrade(&cg));
+                    active.push((instance.to_string(), Arc::downgrade(&cg)));
                     ACTIVE_COUNT.fetch_add(1, Ordering::SeqCst);
                     return Ok(Some(cg));
                 }
@@ -227,13 +220,7 @@ impl Cgroups {
                 } else {
                     None
                 };
-                Ok(Cgroups {
-                    mode,
-                    pids_max: limit,
-                    instance: instance.to_string(),
-                    parents: vec![parent],
-                    leaves: Mutex::new(HashMap::new()),
-                })
+                Ok(Cgroups { mode, pids_max: limit, parents: vec![parent], leaves: Mutex::new(HashMap::new()) })
             }
             Mode::V1 => {
                 let pids = m.pids.clone().ok_or_else(|| missing("v1 pids"))?;
@@ -247,13 +234,7 @@ impl Cgroups {
                     let _ = fs::remove_dir(&pp);
                     return Err(e);
                 }
-                Ok(Cgroups {
-                    mode,
-                    pids_max,
-                    instance: instance.to_string(),
-                    parents: vec![pp, fp],
-                    leaves: Mutex::new(HashMap::new()),
-                })
+                Ok(Cgroups { mode, pids_max, parents: vec![pp, fp], leaves: Mutex::new(HashMap::new()) })
             }
         }
     }
@@ -357,10 +338,6 @@ impl Cgroups {
         let me: *const Cgroups = self;
         prune(&mut ACTIVE.lock().unwrap(), |w| w.strong_count() > 0 && !std::ptr::eq(w.as_ptr(), me));
     }
-
-    fn instance(&self) -> &str {
-        &self.instance
-    }
 }
 
 impl Drop for Cgroups {
@@ -378,9 +355,9 @@ impl Drop for Cgroups {
 
 /// Keep the entries `keep` accepts, counting the others out of [`ACTIVE_COUNT`]. Never
 /// upgrades a handle (a last strong handle dropped under the lock would re-enter it).
-fn prune(active: &mut Vec<Weak<Cgroups>>, keep: impl Fn(&Weak<Cgroups>) -> bool) {
+fn prune(active: &mut Vec<(String, Weak<Cgroups>)>, keep: impl Fn(&Weak<Cgroups>) -> bool) {
     let before = active.len();
-    active.retain(|w| keep(w));
+    active.retain(|(_, w)| keep(w));
     ACTIVE_COUNT.fetch_sub(before - active.len(), Ordering::SeqCst);
 }
 
@@ -391,12 +368,11 @@ impl Leaf {
 
     /// Pids listed in the leaf; `None` when it cannot be read (a removed leaf reads as empty:
     /// only an empty cgroup can be removed).
+    /// Members of cgroups below the leaf count too (an emulator run inside the tree nests its
+    /// own cgroups there).
     pub fn members(&self) -> Option<Vec<i32>> {
-        match fs::read_to_string(self.dirs[0].join("cgroup.procs")) {
-            Ok(s) => Some(s.split_ascii_whitespace().filter_map(|p| p.parse().ok()).collect()),
-            Err(e) if e.kind() == io::ErrorKind::NotFound => Some(Vec::new()),
-            Err(_) => None,
-        }
+        let mut out = Vec::new();
+        members_below(&self.dirs[0], 0, &mut out).then_some(out)
     }
 
     /// Empty for sure (an unreadable leaf is not).
@@ -424,16 +400,49 @@ impl Leaf {
 
     /// rmdir every directory of the leaf; true when none is left.
     pub fn remove(&self) -> bool {
-        let mut gone = true;
         // The freezer leaf of v1 first: it is the pids leaf that tells membership.
-        for d in self.dirs.iter().rev() {
-            match fs::remove_dir(d) {
-                Ok(()) => {}
-                Err(e) if e.kind() == io::ErrorKind::NotFound => {}
-                Err(_) => gone = false,
+        self.dirs.iter().rev().fold(true, |gone, d| remove_below(d, 0) && gone)
+    }
+}
+
+/// Cgroups nest at most this deep below a leaf before the walk gives up (and reports the
+/// leaf unreadable, so never empty).
+const NEST_MAX: usize = 16;
+
+/// Appends the pids of `dir` and of every cgroup below it; false when one cannot be read (a
+/// missing `dir` reads as empty: only an empty cgroup can be removed).
+fn members_below(dir: &Path, depth: usize, out: &mut Vec<i32>) -> bool {
+    if depth > NEST_MAX {
+        return false;
+    }
+    match fs::read_to_string(dir.join("cgroup.procs")) {
+        Ok(s) => out.extend(s.split_ascii_whitespace().filter_map(|p| p.parse::<i32>().ok())),
+        Err(e) if e.kind() == io::ErrorKind::NotFound && depth == 0 && !dir.exists() => return true,
+        Err(_) => return false,
+    }
+    let Ok(entries) = fs::read_dir(dir) else { return false };
+    for e in entries.flatten() {
+        if e.file_type().is_ok_and(|t| t.is_dir()) && !members_below(&e.path(), depth + 1, out) {
+            return false;
+        }
+    }
+    true
+}
+
+/// rmdir `dir` after every cgroup below it; true when it is gone.
+fn remove_below(dir: &Path, depth: usize) -> bool {
+    if depth <= NEST_MAX {
+        if let Ok(entries) = fs::read_dir(dir) {
+            for e in entries.flatten() {
+                if e.file_type().is_ok_and(|t| t.is_dir()) {
+                    remove_below(&e.path(), depth + 1);
+                }
             }
         }
-        gone
+    }
+    match fs::remove_dir(dir) {
+        Ok(()) => true,
+        Err(e) => e.kind() == io::ErrorKind::NotFound,
     }
 }
 
@@ -464,33 +473,40 @@ pub(crate) fn signal_frozen(leaves: &[Arc<Leaf>], sig: Signal) -> Vec<i32> {
 /// process.
 pub(crate) fn leaf_of_mark(mark: &str) -> Option<Arc<Leaf>> {
     let instance = mark.split(':').next()?;
-    // Upgraded outside the lock's scope of drops: the handles are released after it.
-    let live: Vec<Arc<Cgroups>> = ACTIVE.lock().unwrap().iter().filter_map(Weak::upgrade).collect();
-    let found = live.iter().find(|c| c.instance() == instance).and_then(|c| c.leaf(mark));
-    drop(live);
-    found
+    // The handle is released after the lock (a last handle dropped under it would re-enter).
+    let cg = ACTIVE.lock().unwrap().iter().find(|(i, _)| i == instance).and_then(|(_, w)| w.upgrade());
+    cg.and_then(|c| c.leaf(mark))
 }
 
 /// The tree marker of a process from its `/proc/<pid>/cgroup`, when it is in a leaf of an
-/// emulator (`…/createos-emulator-<os pid>-<instance>/<id>` → `<instance>:<id>`).
+/// emulator (`…/createos-emulator-<os pid>-<instance>/<id>` → `<instance>:<id>`). When leaves
+/// nest (an emulator run inside a tree), the one of an emulator of this OS process wins.
 pub(crate) fn mark_of(pid: &str) -> Option<String> {
     let text = fs::read_to_string(format!("/proc/{pid}/cgroup")).ok()?;
-    mark_in(&text)
+    let ours: Vec<String> = ACTIVE.lock().unwrap().iter().map(|(i, _)| i.clone()).collect();
+    mark_in(&text, |instance| ours.iter().any(|o| o == instance))
 }
 
-fn mark_in(text: &str) -> Option<String> {
+/// Every `<instance>:<id>` the cgroup paths name, outermost first; the first `prefer` accepts,
+/// else the innermost.
+fn mark_in(text: &str, prefer: impl Fn(&str) -> bool) -> Option<String> {
+    let mut found: Vec<(String, String)> = Vec::new();
     for line in text.lines() {
         let Some(path) = line.splitn(3, ':').nth(2) else { continue };
-        let mut parts = path.split('/');
-        while let Some(part) = parts.next() {
-            if let Some(rest) = part.strip_prefix(PARENT_PREFIX) {
-                let instance = rest.split_once('-').map(|(_, i)| i)?;
-                let id = parts.next().filter(|s| !s.is_empty())?;
-                return Some(format!("{instance}:{id}"));
+        let parts: Vec<&str> = path.split('/').collect();
+        for (i, part) in parts.iter().enumerate() {
+            let Some(rest) = part.strip_prefix(PARENT_PREFIX) else { continue };
+            let (Some((_, instance)), Some(id)) = (rest.split_once('-'), parts.get(i + 1).filter(|s| !s.is_empty()))
+            else {
+                continue;
+            };
+            if !found.iter().any(|(a, b)| a == instance && b == id) {
+                found.push((instance.to_string(), (*id).to_string()));
             }
         }
     }
-    None
+    let pick = found.iter().find(|(i, _)| prefer(i)).or(found.last())?;
+    Some(format!("{}:{}", pick.0, pick.1))
 }
 
 /// The raw fds the child writes `0` to before it executes the command.
@@ -505,10 +521,15 @@ mod tests {
     #[test]
     fn marks_from_proc_cgroup() {
         let v1 = "9:name=systemd:/\n8:pids:/createos-emulator-123-emuabc/proc_1f\n6:freezer:/createos-emulator-123-emuabc/proc_1f\n0::/\n";
-        assert_eq!(mark_in(v1).as_deref(), Some("emuabc:proc_1f"));
+        let any = |_: &str| false;
+        assert_eq!(mark_in(v1, any).as_deref(), Some("emuabc:proc_1f"));
         let v2 = "0::/createos-emulator-9-emu0123456789ab/exec_00ff\n";
-        assert_eq!(mark_in(v2).as_deref(), Some("emu0123456789ab:exec_00ff"));
-        assert_eq!(mark_in("0::/user.slice\n"), None);
-        assert_eq!(mark_in("0::/createos-emulator-9-emux\n"), None, "the parent itself holds no tree");
+        assert_eq!(mark_in(v2, any).as_deref(), Some("emu0123456789ab:exec_00ff"));
+        assert_eq!(mark_in("0::/user.slice\n", any), None);
+        assert_eq!(mark_in("0::/createos-emulator-9-emux\n", any), None, "the parent itself holds no tree");
+        // Nested: an emulator run inside a tree of another.
+        let nested = "8:pids:/createos-emulator-1-emuout/proc_a/createos-emulator-2-emuin/proc_b\n";
+        assert_eq!(mark_in(nested, any).as_deref(), Some("emuin:proc_b"), "the innermost by default");
+        assert_eq!(mark_in(nested, |i| i == "emuout").as_deref(), Some("emuout:proc_a"), "this process's own");
     }
 }

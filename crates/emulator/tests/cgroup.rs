@@ -228,3 +228,58 @@ async fn every_layout_catches_env_i_setsid_and_removes_its_cgroups() {
         println!("{}: caught, killed, cgroups removed", tracking.as_str());
     }
 }
+
+/// A member that moves itself into a cgroup below its leaf (as an emulator run inside the tree
+/// does) is still part of the tree: seen alive, killed by DELETE, the nested cgroup removed.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_member_in_a_nested_cgroup_stays_in_the_tree() {
+    let Ok(emu) = emulator::start(EmulatorOptions { tracking: TrackingMode::CgroupV1, ..opts() }).await else {
+        println!("skipped: no cgroup v1 pids and freezer hierarchies here");
+        return;
+    };
+    let arg = unique_sleep(309);
+    let sb = emu.create_sandbox_now();
+    let mount = leaf_mount_v1();
+    let script = format!(
+        "p=$(sed -n 's/^[0-9]*:pids://p' /proc/self/cgroup); d={mount}$p/nested; \
+         (mkdir \"$d\" && echo $BASHPID > \"$d/cgroup.procs\" && exec env -i setsid sleep {arg}) </dev/null >/dev/null 2>&1 & \
+         wait_for=50; while [ ! -d \"$d\" ] && [ $wait_for -gt 0 ]; do sleep 0.02; wait_for=$((wait_for-1)); done; echo started"
+    );
+    let id = spawn_bash(&emu, &sb, &script).await;
+    let path = format!("/sandboxes/{sb}/processes/{id}");
+    let (s, w) = call(&emu, reqwest::Method::GET, &format!("{path}/wait?timeout_ms=5000"), None).await;
+    assert_eq!((s, &w["data"]["exit_code"]), (200, &json!(0)), "{w}");
+    let end = Instant::now() + Duration::from_secs(5);
+    while sleepers(&arg).is_empty() && Instant::now() < end {
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    let pids = sleepers(&arg);
+    let nested = pids.first().and_then(|p| leaf_dir(*p, Tracking::CgroupV1));
+    let (s, _) = call(&emu, reqwest::Method::GET, &format!("{path}/wait?scope=tree&timeout_ms=300"), None).await;
+    let (d, v) = call(&emu, reqwest::Method::DELETE, &format!("{path}?grace_ms=100"), None).await;
+    let left = sleepers(&arg);
+    let end = Instant::now() + Duration::from_secs(5);
+    while nested.as_ref().is_some_and(|n| n.exists()) && Instant::now() < end {
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let nested_left = nested.as_ref().is_some_and(|n| n.exists());
+    emu.close().await;
+    kill_pids(&left);
+    assert_eq!(pids.len(), 1);
+    let nested = nested.expect("the sleeper is in an emulator cgroup");
+    assert!(nested.ends_with("nested"), "{}", nested.display());
+    assert_eq!((s, d, &v["data"]["tree_exited"]), (408, 200, &json!(true)), "{v}");
+    assert_eq!(left, Vec::<i32>::new(), "alive after DELETE");
+    assert!(!nested_left, "the nested cgroup {} was not removed", nested.display());
+}
+
+fn leaf_mount_v1() -> String {
+    let mounts = std::fs::read_to_string("/proc/self/mounts").unwrap();
+    mounts
+        .lines()
+        .find_map(|m| {
+            let f: Vec<&str> = m.split(' ').collect();
+            (f[2] == "cgroup" && f[3].split(',').any(|o| o == "pids")).then(|| f[1].to_string())
+        })
+        .unwrap()
+}
