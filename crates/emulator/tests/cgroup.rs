@@ -45,8 +45,10 @@ async fn spawn_bash(emu: &Emulator, sb: &str, script: &str) -> String {
 }
 
 fn unique_sleep(base: u32) -> String {
-    let n = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().subsec_nanos();
-    format!("{base}.{:06}{:03}", n / 1000, std::process::id() % 1000)
+    static NEXT: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
+    let n = NEXT.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+    let nanos = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().subsec_nanos();
+    format!("{base}.{n}{:05}{:06}", std::process::id() % 100_000, nanos / 1000)
 }
 
 /// Live (non-zombie) pids whose command line is exactly `sleep <arg>`, read from /proc.
