@@ -401,7 +401,9 @@ impl Leaf {
     /// rmdir every directory of the leaf; true when none is left.
     pub fn remove(&self) -> bool {
         // The freezer leaf of v1 first: it is the pids leaf that tells membership.
-        self.dirs.iter().rev().fold(true, |gone, d| remove_below(d, 0) && gone)
+        // Every directory is tried, even after one failed.
+        let removed: Vec<bool> = self.dirs.iter().rev().map(|d| remove_below(d, 0)).collect();
+        removed.into_iter().all(|gone| gone)
     }
 }
 
