@@ -100,16 +100,18 @@ async function startEmulatorProcess(args) {
   let stderr = ''
   child.stderr.setEncoding('utf8').on('data', (d) => { stderr += d })
   const end = Date.now() + 10000
-  while (!/CREATEOS_API_KEY=.*\n/.test(stdout)) {
+  while (!/isolates nothing.*\n/.test(stdout)) {
     if (Date.now() > end || child.exitCode !== null) throw new Error(`emulator did not start: ${stdout} ${stderr}`)
     await sleep(20)
   }
   const url = /CREATEOS_API_URL=(\S+)/.exec(stdout)[1]
   const apiKey = /CREATEOS_API_KEY=(\S+)/.exec(stdout)[1]
+  const sandboxId = /CREATEOS_SANDBOX_ID=(\S+)/.exec(stdout)?.[1]
   const closed = new Promise((resolve) => child.on('close', (code, signal) => resolve({ code, signal })))
   return {
     url,
     apiKey,
+    sandboxId,
     child,
     get stdout() { return stdout },
     async stop(signal = 'SIGTERM') {
@@ -119,18 +121,21 @@ async function startEmulatorProcess(args) {
   }
 }
 
-test('createos-emulator prints its URL and key, serves, and stops on SIGINT/SIGTERM with nothing left', async () => {
+test('createos-emulator prints its URL, key, tracking and a ready sandbox, serves, and stops on SIGINT/SIGTERM with nothing left', async () => {
   for (const signal of ['SIGINT', 'SIGTERM']) {
     const emu = await startEmulatorProcess(['--rate-limit', 'off'])
     assert.match(emu.url, /^http:\/\/127\.0\.0\.1:\d+$/)
+    const lines = emu.stdout.split('\n')
+    assert.match(lines[0], /^CreateOS emulator listening on http:\/\/127\.0\.0\.1:\d+ \(process tracking: (cgroup-v2|cgroup-v1|marker)\)$/)
+    assert.deepEqual(lines.slice(1, 4).map((l) => l.split('=')[0]), ['CREATEOS_API_URL', 'CREATEOS_API_KEY', 'CREATEOS_SANDBOX_ID'])
     assert.match(emu.stdout, /isolates nothing/)
-    // Use it from this process.
+    // The printed sandbox is ready: a command runs in it with nothing else set up.
+    const { sandboxId } = emu
+    assert.match(sandboxId, /^sb-[0-9A-Z]{26}$/)
     const { execute } = await import('../index.js').then((m) => m.default || m)
-    const res = await fetch(`${emu.url}/v1/sandboxes`, {
-      method: 'POST', headers: { 'x-api-key': emu.apiKey, 'content-type': 'application/json' }, body: '{}',
-    })
-    assert.ok(res.ok, `create sandbox: HTTP ${res.status}`)
-    const sandboxId = (await res.json()).data.id
+    const res = await fetch(`${emu.url}/v1/sandboxes/${sandboxId}`, { headers: { 'x-api-key': emu.apiKey } })
+    assert.equal(res.status, 200, 'the printed sandbox exists')
+    assert.equal((await res.json()).data.status, 'running')
     const r = await execute({ config: { apiUrl: emu.url, timeoutMs: 5000, pacing: 'off' }, apiKey: emu.apiKey },
       { lease: { providerLeaseId: sandboxId }, command: 'bash', args: ['-c', 'sleep 60 & echo "$!"'] })
     const bgPid = Number(r.stdout.trim())
@@ -144,10 +149,21 @@ test('createos-emulator prints its URL and key, serves, and stops on SIGINT/SIGT
 })
 
 test('createos-emulator: usage errors exit 2', async () => {
-  const r = await run(EMULATOR, ['--port', 'x'])
-  assert.equal(r.code, 2)
-  const r2 = await run(EMULATOR, ['--what'])
-  assert.equal(r2.code, 2)
+  for (const args of [['--port', 'x'], ['--what'], ['--tracking', 'cgroups'], ['--pids-max', '0'], ['--pids-max', 'many']]) {
+    const r = await run(EMULATOR, args)
+    assert.equal(r.code, 2, `${args.join(' ')}: ${r.stderr}`)
+    assert.match(r.stderr, /usage: createos-emulator/)
+  }
+})
+
+test('createos-emulator --tracking marker says so on its first line', async () => {
+  const emu = await startEmulatorProcess(['--tracking', 'marker', '--pids-max', 'off'])
+  try {
+    assert.match(emu.stdout.split('\n')[0], /\(process tracking: marker\)$/)
+  } finally {
+    const { code } = await emu.stop()
+    assert.equal(code, 0)
+  }
 })
 
 test('npm run demo: runs, shows the timeout cleanup, exits 0', async () => {

@@ -164,12 +164,18 @@ export function readRecords() {
 // ---------------------------------------------------------------------------
 // /proc helpers
 
-/** `CREATEOS_EMULATOR_MARK` of a live, non-zombie pid, or null. */
+/**
+ * The tree of a live, non-zombie pid that an emulator started, or null: `<instance>:<id>`, from
+ * the emulator's cgroup the pid is in (`…/createos-emulator-<os pid>-<instance>/<id>`, which no
+ * process of the tree can leave), else from `CREATEOS_EMULATOR_MARK` in its environment.
+ */
 export function markOf(pid) {
   try {
     const stat = readFileSync(`/proc/${pid}/stat`, 'utf8')
     const state = stat.slice(stat.lastIndexOf(')') + 2, stat.lastIndexOf(')') + 3)
     if (state === 'Z' || state === 'X') return null
+    const fromCgroup = cgroupMarkOf(pid)
+    if (fromCgroup) return fromCgroup
     const env = readFileSync(`/proc/${pid}/environ`)
     for (const entry of env.toString('latin1').split('\0')) {
       if (entry.startsWith(`${MARK_VAR}=`)) return entry.slice(MARK_VAR.length + 1)
@@ -180,7 +186,51 @@ export function markOf(pid) {
   return null
 }
 
-/** True when pid is alive (not a zombie) and still carries an emulator marker. */
+export const CGROUP_PREFIX = 'createos-emulator-'
+
+/** `<instance>:<id>` of the emulator cgroup pid is in, or null. */
+export function cgroupMarkOf(pid) {
+  let text
+  try { text = readFileSync(`/proc/${pid}/cgroup`, 'utf8') } catch { return null }
+  for (const line of text.split('\n')) {
+    const parts = line.split(':').slice(2).join(':').split('/')
+    const at = parts.findIndex((p) => p.startsWith(CGROUP_PREFIX))
+    if (at < 0 || !parts[at + 1]) continue
+    const rest = parts[at].slice(CGROUP_PREFIX.length)
+    const dash = rest.indexOf('-')
+    if (dash > 0) return `${rest.slice(dash + 1)}:${parts[at + 1]}`
+  }
+  return null
+}
+
+/**
+ * Every emulator cgroup directory on this machine (`createos-emulator-<os pid>-<instance>`,
+ * up to four levels below each cgroup mount): [{ path, instance }].
+ */
+export function emulatorCgroupDirs() {
+  const out = []
+  let mounts = ''
+  try { mounts = readFileSync('/proc/self/mounts', 'utf8') } catch { return out }
+  const roots = new Set(mounts.split('\n').map((l) => l.split(' ')).filter((f) => f[2] === 'cgroup' || f[2] === 'cgroup2').map((f) => f[1]))
+  const walk = (dir, depth) => {
+    let entries
+    try { entries = readdirSync(dir, { withFileTypes: true }) } catch { return }
+    for (const e of entries) {
+      if (!e.isDirectory()) continue
+      const path = join(dir, e.name)
+      if (e.name.startsWith(CGROUP_PREFIX)) {
+        const rest = e.name.slice(CGROUP_PREFIX.length)
+        out.push({ path, instance: rest.slice(rest.indexOf('-') + 1) })
+      } else if (depth < 4) {
+        walk(path, depth + 1)
+      }
+    }
+  }
+  for (const root of roots) walk(root, 0)
+  return out
+}
+
+/** True when pid is alive (not a zombie) and belongs to a tree an emulator started. */
 export function isMarkedAlive(pid) {
   return markOf(pid) !== null
 }
@@ -201,7 +251,7 @@ export function isAlive(pid) {
   }
 }
 
-/** Every live process on this machine carrying an emulator marker: [{ pid, mark, startMs }]. */
+/** Every live process on this machine in a tree an emulator started: [{ pid, mark, startMs }]. */
 export function markedProcesses() {
   const out = []
   let btime = 0

@@ -2,13 +2,15 @@
 // step, because test files run in parallel): proves that no process started by
 // any emulator of this test run is still alive.
 //   - every pid each test file saw (sampled from emu.livePids()) is gone, and
-//   - no live process on this machine carries the marker of an emulator
-//     instance the tests used, or any emulator marker at all and started after
-//     the test run began (this covers the CLI and demo subprocesses' emulators).
+//   - no live process on this machine belongs to a tree of an emulator instance
+//     the tests used (by its cgroup, or by its marker), or to any emulator's tree
+//     and started after the test run began (this covers the CLI and demo
+//     subprocesses' emulators), and
+//   - no cgroup of an emulator instance the tests used is left.
 import { test } from 'node:test'
 import assert from 'node:assert/strict'
 import { rmSync } from 'node:fs'
-import { readRecords, isMarkedAlive, markedProcesses, RECORD_DIR, sleep } from './helpers.mjs'
+import { readRecords, isMarkedAlive, markedProcesses, emulatorCgroupDirs, RECORD_DIR, sleep } from './helpers.mjs'
 
 test('no process started by the emulator survived the test run', async () => {
   const records = readRecords()
@@ -21,7 +23,9 @@ test('no process started by the emulator survived the test run', async () => {
   const survivors = [...pids].filter((pid) => isMarkedAlive(pid))
   assert.deepEqual(survivors, [], 'pids seen during the tests are still alive')
   const marked = markedProcesses().filter((p) => instances.has(p.mark.split(':')[0]) || p.startMs >= runStart)
-  assert.deepEqual(marked, [], 'processes carrying an emulator marker from this run are still alive')
+  assert.deepEqual(marked, [], 'processes of an emulator tree from this run are still alive')
+  const cgroups = emulatorCgroupDirs().filter((d) => instances.has(d.instance))
+  assert.deepEqual(cgroups, [], 'cgroups of emulators from this run are left')
   process.stdout.write(`checked ${pids.size} pids from ${records.length} test files and ${instances.size} emulator instances\n`)
   rmSync(RECORD_DIR, { recursive: true, force: true })
 })

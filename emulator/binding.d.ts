@@ -16,6 +16,12 @@ export declare class Emulator {
   get caPem(): string | null
   /** TCP connections accepted so far. */
   connections(): number
+  /**
+   * How it finds a command's processes: `cgroup-v2` or `cgroup-v1` (a cgroup per tree, which
+   * no process of the tree can leave) or `marker` (an environment marker, which a process
+   * that clears its environment and calls `setsid` escapes).
+   */
+  get tracking(): 'cgroup-v2' | 'cgroup-v1' | 'marker'
   /** The emulator's own throwaway key. */
   get apiKey(): string
   /** Every request so far, in arrival order. */
@@ -74,4 +80,4 @@ export interface ProcessOutput {
 }
 
 /** Starts the local CreateOS emulator on 127.0.0.1. */
-export declare function startEmulator(options?: { port?: number; apiKey?: string; rateLimitPerMinute?: number | null; rateLimit?: { limit: number; windowMs: number } | null; journalBytes?: number; retainedBytes?: number | null; tls?: boolean; http2?: boolean; rttMs?: number; holdHeaders?: boolean; heartbeatMs?: number } | undefined | null): Promise<Emulator>
+export declare function startEmulator(options?: { port?: number; apiKey?: string; rateLimitPerMinute?: number | null; rateLimit?: { limit: number; windowMs: number } | null; journalBytes?: number; retainedBytes?: number | null; tls?: boolean; http2?: boolean; rttMs?: number; holdHeaders?: boolean; heartbeatMs?: number; tracking?: 'auto' | 'cgroup-v2' | 'cgroup-v1' | 'marker'; pidsMax?: number | null } | undefined | null): Promise<Emulator>

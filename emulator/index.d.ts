@@ -47,7 +47,21 @@ export interface EmulatorOptions {
   holdHeaders?: boolean
   /** Heartbeat interval of `connect` and streaming `exec` streams, ms (1 to 86400000). Default 5000. */
   heartbeatMs?: number
+  /**
+   * How a command's processes are found. `auto` (default): a cgroup per tree where the
+   * machine allows it (cgroup v2, else the v1 `pids` and `freezer` hierarchies), else the
+   * environment marker. `cgroup-v2` / `cgroup-v1`: that layout, or `startEmulator` rejects.
+   */
+  tracking?: 'auto' | 'cgroup-v2' | 'cgroup-v1' | 'marker'
+  /**
+   * `pids.max` of each tree's cgroup: a fork beyond it fails (`EAGAIN`). Default 512; `null`:
+   * no bound. Applies where the layout has a `pids` controller.
+   */
+  pidsMax?: number | null
 }
+
+/** How an emulator finds the processes of a tree (see `Emulator.tracking`). */
+export type EmulatorTracking = 'cgroup-v2' | 'cgroup-v1' | 'marker'
 
 export interface EmulatorRequest {
   method: string
@@ -138,6 +152,13 @@ export declare class Emulator {
   readonly apiKey: string
   /** PEM of the CA that issued the server certificate with `tls`; `null` on plain HTTP. */
   readonly caPem: string | null
+  /**
+   * `cgroup-v2` or `cgroup-v1`: each tree lives in a cgroup of its own, which none of its
+   * processes can leave (`tree_exited` is the cgroup being empty; a DELETE freezes it, signals
+   * every member, thaws). `marker`: processes are found by an environment marker, which a
+   * process that clears its environment and leaves the process group escapes.
+   */
+  readonly tracking: EmulatorTracking
   /** TCP connections accepted so far (including ones whose TLS handshake failed). */
   connections(): number
   requests(): EmulatorRequest[]

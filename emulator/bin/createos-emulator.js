@@ -3,10 +3,11 @@
 
 // createos-emulator [--port N] [--api-key K] [--rate-limit N|off] [--journal-bytes N]
 //                   [--retained-bytes N|off] [--tls] [--no-http2] [--rtt-ms N]
-//                   [--hold-headers] [--heartbeat-ms N]
+//                   [--hold-headers] [--heartbeat-ms N] [--tracking MODE] [--pids-max N|off]
 //
-// Runs the local CreateOS emulator until SIGINT/SIGTERM. It runs real processes
-// on this machine and isolates nothing: for tests, demos and development only.
+// Runs the local CreateOS emulator until SIGINT/SIGTERM, with one sandbox made at start
+// (its id printed as CREATEOS_SANDBOX_ID). It runs real processes on this machine and
+// isolates nothing: for tests, demos and development only.
 
 const fs = require('node:fs')
 const os = require('node:os')
@@ -15,7 +16,7 @@ const { startEmulator } = require('..')  // createos-execute-emulator
 
 const USAGE = `usage: createos-emulator [--port N] [--api-key K] [--rate-limit N|off] [--journal-bytes N]
                          [--retained-bytes N|off] [--tls] [--no-http2] [--rtt-ms N]
-                         [--hold-headers] [--heartbeat-ms N]
+                         [--hold-headers] [--heartbeat-ms N] [--tracking MODE] [--pids-max N|off]
 
   --port N           TCP port on 127.0.0.1 (default: a free one)
   --api-key K        the key clients must send (default: a random one, printed)
@@ -29,6 +30,13 @@ const USAGE = `usage: createos-emulator [--port N] [--api-key K] [--rate-limit N
   --rtt-ms N         emulated round-trip time: bytes delayed N/2 ms each way, connections N ms
   --hold-headers     connect stream headers go out only with the first frame (as Node http)
   --heartbeat-ms N   heartbeat interval of connect and exec streams (default 5000)
+  --tracking MODE    how a command's processes are found: auto (default: a cgroup per
+                     tree where the machine allows it, else an environment marker),
+                     cgroup-v2, cgroup-v1 or marker
+  --pids-max N       processes one tree may hold at once, where cgroups apply (default 512);
+                     'off' disables the bound
+
+Prints the URL, the key and the id of a sandbox it made at start (more: POST /v1/sandboxes).
 
 Runs real processes on this machine and isolates nothing: not for untrusted code.`
 
@@ -96,6 +104,20 @@ function parseArgs(argv) {
         opts.heartbeatMs = int(take(), '--heartbeat-ms')
         if (opts.heartbeatMs === 0) throw new Error('--heartbeat-ms must be at least 1')
         break
+      case '--tracking': {
+        const mode = take()
+        if (!['auto', 'cgroup-v2', 'cgroup-v1', 'marker'].includes(mode)) {
+          throw new Error('--tracking must be auto, cgroup-v2, cgroup-v1 or marker')
+        }
+        opts.tracking = mode
+        break
+      }
+      case '--pids-max': {
+        const raw = take()
+        opts.pidsMax = raw === 'off' ? null : int(raw, '--pids-max')
+        if (opts.pidsMax === 0) throw new Error('--pids-max must be at least 1')
+        break
+      }
       default:
         throw new Error(`unknown argument ${arg}`)
     }
@@ -127,11 +149,14 @@ async function main(argv) {
       fs.writeFileSync(caFile, emulator.caPem, { mode: 0o644 })
       caLine = `CREATEOS_CA_FILE=${caFile}\n`
     }
+    // A sandbox ready to use, so a first command needs no request of its own.
+    const sandboxId = emulator.createSandbox()
     // The key is the emulator's own throwaway key, printed so a client can use it.
     process.stdout.write(
-      `CreateOS emulator listening on ${emulator.url}\n` +
+      `CreateOS emulator listening on ${emulator.url} (process tracking: ${emulator.tracking})\n` +
       `CREATEOS_API_URL=${emulator.url}\n` +
       `CREATEOS_API_KEY=${emulator.apiKey}\n` +
+      `CREATEOS_SANDBOX_ID=${sandboxId}\n` +
       caLine +
       'It runs real processes on this machine and isolates nothing. Stop it with Ctrl-C.\n')
     // The server runs on the native runtime, which does not keep Node's event

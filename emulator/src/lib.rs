@@ -65,7 +65,7 @@ pub struct ProcessOutput {
 
 /// Starts the local CreateOS emulator on 127.0.0.1.
 #[napi(
-    ts_args_type = "options?: { port?: number; apiKey?: string; rateLimitPerMinute?: number | null; rateLimit?: { limit: number; windowMs: number } | null; journalBytes?: number; retainedBytes?: number | null; tls?: boolean; http2?: boolean; rttMs?: number; holdHeaders?: boolean; heartbeatMs?: number } | undefined | null"
+    ts_args_type = "options?: { port?: number; apiKey?: string; rateLimitPerMinute?: number | null; rateLimit?: { limit: number; windowMs: number } | null; journalBytes?: number; retainedBytes?: number | null; tls?: boolean; http2?: boolean; rttMs?: number; holdHeaders?: boolean; heartbeatMs?: number; tracking?: 'auto' | 'cgroup-v2' | 'cgroup-v1' | 'marker'; pidsMax?: number | null } | undefined | null"
 )]
 pub async fn start_emulator(options: Option<Value>) -> Result<Emulator> {
     let opts: EmulatorOptions = match options {
@@ -97,6 +97,14 @@ impl Emulator {
     #[napi]
     pub fn connections(&self) -> u32 {
         u32::try_from(self.inner.connections()).unwrap_or(u32::MAX)
+    }
+
+    /// How it finds a command's processes: `cgroup-v2` or `cgroup-v1` (a cgroup per tree, which
+    /// no process of the tree can leave) or `marker` (an environment marker, which a process
+    /// that clears its environment and calls `setsid` escapes).
+    #[napi(getter, ts_return_type = "'cgroup-v2' | 'cgroup-v1' | 'marker'")]
+    pub fn tracking(&self) -> String {
+        self.inner.tracking().as_str().to_owned()
     }
 
     /// The emulator's own throwaway key.

@@ -25,28 +25,44 @@
 //!   contain `..` components and must not contain NUL; otherwise the answer is 400. A `PUT`
 //!   whose parent directory does not exist answers 404; a `GET` of a missing file answers 404.
 //!
-//! # Process trees: environment marker via /proc
+//! # Process trees: a cgroup per tree, or an environment marker
 //!
 //! Every process the emulator starts is spawned in a new process group (`setpgid(0, 0)`) and
 //! with the environment variable `CREATEOS_EMULATOR_MARK=<emulator instance id>:<process id>`.
-//! The *tree* of a managed process (or of an exec) is every live pid whose `/proc/<pid>/environ`
-//! carries that marker, plus every member of the leader's process group. Descendants inherit the
-//! marker, including ones that call `setsid` or double-fork, so they are found even after they
-//! left the group and were re-parented. Zombies (state `Z` in `/proc/<pid>/stat`) count as
-//! exited. A process that deliberately scrubs its environment *and* leaves the process group
-//! escapes tracking; that is the documented limit.
 //!
-//! cgroups are not used because the emulator runs unprivileged and usually inside the Node.js
-//! process of a test suite or developer machine, where creating and delegating a cgroup subtree
-//! is not possible (no write access to the cgroup hierarchy, cgroup v1/v2 differences,
-//! containers without a writable cgroupfs). The marker needs nothing but a readable `/proc`.
+//! **cgroups** ([`Tracking::CgroupV2`], [`Tracking::CgroupV1`]; [`Emulator::tracking`] says
+//! which). Where a cgroup hierarchy is writable (typically as root), each tree (a managed
+//! process or an exec) also gets a leaf cgroup of its own, under a parent of this instance
+//! (`createos-emulator-<os pid>-<instance id>`): cgroup v2 when its `pids` controller can be
+//! enabled there, else the v1 `pids` and `freezer` hierarchies, else v2 without a `pids` bound.
+//! The child writes itself into the leaf after the fork and before it executes the command, so
+//! every process the command ever starts is a member, whatever it does to its environment,
+//! session or parent; only one that writes itself into another cgroup leaves. The tree is the
+//! leaf's members; it has exited once the leader was reaped and the leaf lists no process (an
+//! empty cgroup stays empty). Killing it (DELETE, a sandbox DELETE, an exec's timeout, `close`)
+//! freezes the leaf, signals every member, thaws it (the order systemd uses: nothing forks past
+//! the signal), and repeats until the leaf is empty. Each leaf has `pids.max` =
+//! [`EmulatorOptions::pids_max`] (default 512) where the layout has a `pids` controller, so a
+//! fork loop is bounded. A leaf is removed once its leader was reaped and it is empty; `close`
+//! kills whatever is left and removes every leaf and the parent. An emulator's start removes
+//! the empty parents of emulators whose OS process is gone.
 //!
-//! One background task polls `/proc` every ~25 ms while any managed process is not yet
-//! `tree_exited` (or a reaped leader's process group still has members); one scan serves every
-//! check at that moment. A process group is forgotten once it is empty and its leader was
-//! reaped, so a recycled pid is never mistaken for one of ours. A tree is declared exited after
-//! two consecutive scans in which the leader has exited (and been reaped) and no process of the
-//! tree is alive, which closes the race of a process forking while a scan runs.
+//! **The marker** ([`Tracking::Marker`]: no writable hierarchy, or
+//! [`EmulatorOptions::tracking`] asked for it). The tree is every live pid whose
+//! `/proc/<pid>/environ` carries the marker, plus every member of the leader's process group.
+//! Descendants inherit the marker, including ones that call `setsid` or double-fork, so they are
+//! found even after they left the group and were re-parented. A process that clears its
+//! environment (`env -i`) *and* leaves the process group escapes: that is the limit of this
+//! fallback, and the reason cgroups come first.
+//!
+//! Zombies (state `Z` in `/proc/<pid>/stat`) count as exited in both. Process groups are
+//! tracked in both: one background task polls every ~25 ms while any managed process is not yet
+//! `tree_exited` (or a reaped leader's process group, or cgroup, still has members). A process
+//! group is forgotten once it is empty and its leader was reaped, so a recycled pid is never
+//! mistaken for one of ours. Without a cgroup a tree is declared exited after two consecutive
+//! /proc scans in which the leader has exited (and been reaped) and no process of the tree is
+//! alive, which closes the race of a process forking while a scan runs. [`Emulator::live_pids`]
+//! reports the members of this instance's cgroups and every marked process.
 //!
 //! # Output journal
 //!
@@ -77,9 +93,10 @@
 //! # Lifecycle
 //!
 //! [`Emulator::close`] stops accepting, aborts every open connection, SIGKILLs every process
-//! carrying this instance's marker (and every process group it started), waits (bounded, 5 s)
-//! until none is alive and every direct child was reaped, and removes the sandbox directories
-//! (and the root dir when the emulator created it). Dropping an [`Emulator`] without `close()`
+//! of its trees (members of its cgroups, frozen first; processes carrying this instance's
+//! marker; every process group it started), waits (bounded, 5 s) until none is alive and every
+//! direct child was reaped, and removes its cgroups and the sandbox directories (and the root
+//! dir when the emulator created it). Dropping an [`Emulator`] without `close()`
 //! only SIGKILLs the trees (best effort, synchronously) once every task of the emulator is gone,
 //! e.g. when its tokio runtime shuts down; inside a long-lived runtime (Node.js) nothing happens
 //! until `close()`, so always call `close()`.
@@ -92,6 +109,7 @@ compile_error!(
      it would claim `tree_exited` for trees it cannot see. Build the core crate or the addon instead."
 );
 
+mod cgroup;
 mod faults;
 mod model;
 mod net;
@@ -123,6 +141,67 @@ pub const MAX_RTT_MS: u64 = 60_000;
 pub const MAX_HEARTBEAT_MS: u64 = 86_400_000;
 /// Default [`EmulatorOptions::retained_bytes`] (256 MiB).
 pub const DEFAULT_RETAINED_BYTES: usize = 256 * 1024 * 1024;
+/// Default [`EmulatorOptions::pids_max`]: processes (and threads) one tree may hold at once.
+pub const DEFAULT_PIDS_MAX: u32 = 512;
+
+/// How an emulator finds the processes of a tree ([`Emulator::tracking`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub enum Tracking {
+    /// A cgroup v2 leaf per tree (`cgroup.freeze`; `pids.max` when the `pids` controller is
+    /// available there).
+    #[serde(rename = "cgroup-v2")]
+    CgroupV2,
+    /// A leaf per tree in the cgroup v1 `pids` and `freezer` hierarchies.
+    #[serde(rename = "cgroup-v1")]
+    CgroupV1,
+    /// The environment marker found through /proc (no cgroup hierarchy is writable here).
+    #[serde(rename = "marker")]
+    Marker,
+}
+
+impl Tracking {
+    /// `"cgroup-v2"`, `"cgroup-v1"` or `"marker"`.
+    #[must_use]
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Tracking::CgroupV2 => "cgroup-v2",
+            Tracking::CgroupV1 => "cgroup-v1",
+            Tracking::Marker => "marker",
+        }
+    }
+}
+
+/// [`EmulatorOptions::tracking`]: which tracking to use.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Deserialize)]
+pub enum TrackingMode {
+    /// cgroup v2 with a `pids` bound, else cgroup v1, else cgroup v2 without the bound, else the
+    /// marker.
+    #[default]
+    #[serde(rename = "auto")]
+    Auto,
+    /// cgroup v2 or fail to start.
+    #[serde(rename = "cgroup-v2")]
+    CgroupV2,
+    /// cgroup v1 (`pids` and `freezer`) or fail to start.
+    #[serde(rename = "cgroup-v1")]
+    CgroupV1,
+    /// The environment marker only.
+    #[serde(rename = "marker")]
+    Marker,
+}
+
+impl TrackingMode {
+    /// `"auto"`, `"cgroup-v2"`, `"cgroup-v1"` or `"marker"`.
+    #[must_use]
+    pub fn as_str(self) -> &'static str {
+        match self {
+            TrackingMode::Auto => "auto",
+            TrackingMode::CgroupV2 => "cgroup-v2",
+            TrackingMode::CgroupV1 => "cgroup-v1",
+            TrackingMode::Marker => "marker",
+        }
+    }
+}
 
 /// What [`Emulator::process_output`] recorded: (stdout, stderr).
 pub type Captured = (Vec<u8>, Vec<u8>);
@@ -195,6 +274,12 @@ pub struct EmulatorOptions {
     /// Heartbeat interval of connect and streaming-exec streams, ms (1 to
     /// [`MAX_HEARTBEAT_MS`]). Default 5000.
     pub heartbeat_ms: u64,
+    /// How trees are tracked (see "Process trees" above). Default [`TrackingMode::Auto`].
+    pub tracking: TrackingMode,
+    /// `pids.max` of each tree's cgroup (where the layout has a `pids` controller): a fork
+    /// beyond it fails with `EAGAIN`. Default `Some(`[`DEFAULT_PIDS_MAX`]`)`; `None` = no
+    /// bound; at least 1.
+    pub pids_max: Option<u32>,
 }
 
 impl Default for EmulatorOptions {
@@ -212,6 +297,8 @@ impl Default for EmulatorOptions {
             rtt_ms: 0,
             hold_headers: false,
             heartbeat_ms: 5_000,
+            tracking: TrackingMode::Auto,
+            pids_max: Some(DEFAULT_PIDS_MAX),
         }
     }
 }
@@ -258,6 +345,8 @@ pub(crate) struct FaultSlot {
 
 pub(crate) struct Inner {
     pub instance: String,
+    /// One leaf cgroup per tree, when trees are tracked by cgroup.
+    pub cgroups: Option<Arc<cgroup::Cgroups>>,
     pub api_key: String,
     pub root: PathBuf,
     pub owns_root: bool,
@@ -335,6 +424,9 @@ impl Drop for Inner {
             procfs::signal_entries(&found, nix::sys::signal::Signal::SIGKILL, &[]);
             std::thread::sleep(Duration::from_millis(5));
         }
+        if let Some(cg) = &self.cgroups {
+            cg.kill_all_and_remove(Instant::now() + Duration::from_millis(500));
+        }
         if let Ok(sbs) = self.sandboxes.get_mut() {
             for sb in sbs.values() {
                 let _ = std::fs::remove_dir_all(&sb.dir);
@@ -371,7 +463,22 @@ pub async fn start(opts: EmulatorOptions) -> std::io::Result<Emulator> {
             format!("rttMs must be at most {MAX_RTT_MS}"),
         ));
     }
+    if opts.pids_max == Some(0) {
+        return Err(std::io::Error::new(std::io::ErrorKind::InvalidInput, "pidsMax must be at least 1"));
+    }
     let instance = format!("emu{}", &uuid::Uuid::new_v4().simple().to_string()[..12]);
+    let want = match opts.tracking {
+        TrackingMode::Auto => Some(cgroup::Want::Auto),
+        TrackingMode::CgroupV2 => Some(cgroup::Want::V2),
+        TrackingMode::CgroupV1 => Some(cgroup::Want::V1),
+        TrackingMode::Marker => None,
+    };
+    let cgroups = match want {
+        Some(w) => cgroup::Cgroups::start(w, &instance, opts.pids_max).map_err(|e| {
+            std::io::Error::new(e.kind(), format!("tracking {} is not available here: {e}", opts.tracking.as_str()))
+        })?,
+        None => None,
+    };
     let tls = if opts.tls { Some(tls::make(&instance, opts.http2)?) } else { None };
     let listener = tokio::net::TcpListener::bind(("127.0.0.1", opts.port)).await?;
     let addr = listener.local_addr()?;
@@ -390,6 +497,7 @@ pub async fn start(opts: EmulatorOptions) -> std::io::Result<Emulator> {
     let api_key = opts.api_key.clone().unwrap_or_else(|| format!("emu_{}", uuid::Uuid::new_v4().simple()));
     let inner = Arc::new(Inner {
         instance,
+        cgroups,
         api_key,
         root,
         owns_root,
@@ -450,6 +558,21 @@ impl Emulator {
         self.inner.api_key.clone()
     }
 
+    /// How this emulator finds the processes of a tree.
+    pub fn tracking(&self) -> Tracking {
+        match self.inner.cgroups.as_ref().map(|c| c.mode) {
+            Some(cgroup::Mode::V2) => Tracking::CgroupV2,
+            Some(cgroup::Mode::V1) => Tracking::CgroupV1,
+            None => Tracking::Marker,
+        }
+    }
+
+    /// The `pids.max` each tree's cgroup has; `None` when no bound applies (the marker, cgroup
+    /// v2 without its `pids` controller, or [`EmulatorOptions::pids_max`] `None`).
+    pub fn pids_max(&self) -> Option<u32> {
+        self.inner.cgroups.as_ref().and_then(|c| c.pids_max)
+    }
+
     /// Every request so far, in arrival order.
     pub fn requests(&self) -> Vec<RequestRecord> {
         self.inner.requests.lock().unwrap().1.clone()
@@ -498,8 +621,8 @@ impl Emulator {
         RetainedOutput { bytes: r.total(), processes: r.len(), exits: r.exits(), evictions: r.evictions() }
     }
 
-    /// Every still-alive (non-zombie) pid carrying this emulator's marker or belonging to a
-    /// process group it started.
+    /// Every still-alive (non-zombie) pid of this emulator's trees: in one of its cgroups,
+    /// carrying its marker, or in a process group it started.
     pub fn live_pids(&self) -> Vec<i32> {
         let prefix = self.inner.mark_prefix();
         let groups = self.inner.live_groups();
@@ -532,6 +655,10 @@ impl Emulator {
         // Wait until every direct child was reaped (so no zombie of ours is left behind).
         while inner.unreaped.load(Ordering::SeqCst) > 0 && Instant::now() < deadline {
             let _ = tokio::time::timeout(Duration::from_millis(20), inner.reaped_notify.notified()).await;
+        }
+        if let Some(cg) = inner.cgroups.clone() {
+            // Whatever a cgroup still holds is killed frozen; then the cgroups are removed.
+            let _ = tokio::task::spawn_blocking(move || cg.kill_all_and_remove(deadline)).await;
         }
         let serve = inner.serve_task.lock().unwrap().take();
         if let Some(mut h) = serve {

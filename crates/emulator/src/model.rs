@@ -14,6 +14,7 @@ use tokio::io::AsyncReadExt;
 use tokio::process::{Child, ChildStdin, Command};
 use tokio::sync::watch;
 
+use super::cgroup::{self, Leaf};
 use super::procfs::{self, Entry, Filter, MARK_VAR};
 use super::Inner;
 
@@ -186,6 +187,8 @@ impl ProcState {
 pub(crate) struct Proc {
     pub id: String,
     pub marker: String,
+    /// Its tree's cgroup, when trees are tracked by cgroup.
+    pub leaf: Option<Arc<Leaf>>,
     pub pid: i32,
     pub cmd: String,
     pub args: Vec<String>,
@@ -381,7 +384,9 @@ pub(crate) struct SpawnSpec<'a> {
     pub stdin: Stdio,
 }
 
-/// Spawn a marked child in its own process group. Registers marker and group.
+/// Spawn a marked child in its own process group, and in a leaf cgroup of its own when trees
+/// are tracked by cgroup (the child moves itself there before it executes the command, so
+/// nothing it runs starts outside). Registers marker, group and leaf.
 pub(crate) fn spawn_marked(
     inner: &Arc<Inner>,
     sb: &Sandbox,
@@ -407,8 +412,42 @@ pub(crate) fn spawn_marked(
         .stderr(Stdio::piped())
         .kill_on_drop(false);
     sb.markers.lock().unwrap().insert(marker.clone());
-    let child = cmd.spawn()?;
+    let cg = inner.cgroups.as_ref();
+    // Held open until the spawn returned: the child writes through these fds.
+    let procs_files = match cg {
+        Some(cg) => {
+            let (_, files) = cg.new_leaf(&marker, id)?;
+            let fds = cgroup::raw_fds(&files);
+            // SAFETY: the closure runs in the forked child before exec and only calls
+            // write(2) on fds opened (O_CLOEXEC) before the fork; it allocates nothing.
+            unsafe {
+                cmd.pre_exec(move || {
+                    for fd in &fds {
+                        if nix::libc::write(*fd, b"0".as_ptr().cast(), 1) != 1 {
+                            return Err(std::io::Error::last_os_error());
+                        }
+                    }
+                    Ok(())
+                });
+            }
+            files
+        }
+        None => Vec::new(),
+    };
+    let child = match cmd.spawn() {
+        Ok(c) => c,
+        Err(e) => {
+            if let Some(cg) = cg {
+                cg.drop_leaf(&marker);
+            }
+            return Err(e);
+        }
+    };
+    drop(procs_files);
     let pid = child.id().and_then(|p| i32::try_from(p).ok()).unwrap_or(-1);
+    if let Some(leaf) = cg.and_then(|cg| cg.leaf(&marker)) {
+        leaf.set_leader(pid);
+    }
     inner.unreaped.fetch_add(1, Ordering::SeqCst);
     inner.groups.lock().unwrap().insert(pid, 0);
     sb.leaders.lock().unwrap().insert(pid);
@@ -418,6 +457,9 @@ pub(crate) fn spawn_marked(
 pub(crate) fn note_reaped(inner: &Inner, pid: i32) {
     if let Some(r) = inner.groups.lock().unwrap().get_mut(&pid) {
         *r = (*r).max(1);
+    }
+    if let Some(cg) = &inner.cgroups {
+        cg.leader_reaped(pid);
     }
     inner.unreaped.fetch_sub(1, Ordering::SeqCst);
     inner.reaped_notify.notify_waiters();
@@ -448,9 +490,11 @@ pub(crate) fn start_process(
             .map_err(|e| format!("cannot start {cmd}: {e}"))?;
     let pid = child.id().and_then(|p| i32::try_from(p).ok()).unwrap_or(-1);
     let (tx, _rx) = watch::channel(0u64);
+    let leaf = inner.cgroups.as_ref().and_then(|cg| cg.leaf(&marker));
     let proc = Arc::new(Proc {
         id,
         marker,
+        leaf,
         pid,
         cmd: cmd.to_string(),
         args,
@@ -570,10 +614,18 @@ async fn wait_leader(inner: Arc<Inner>, proc: Arc<Proc>, mut child: Child) {
     // The exit frame tells the truth at this moment: look at the tree now (two scans, as the
     // reaper does) rather than waiting for the reaper's next round.
     if !proc.st.lock().unwrap().tree_exited_real {
-        let marker = proc.marker.clone();
-        let pgid = proc.pid;
-        let filter: Filter = Arc::new(move |e: &Entry| e.mark.as_deref() == Some(marker.as_str()) || e.pgid == pgid);
-        if procfs::scan_async(filter.clone()).await.is_empty() && procfs::scan_async(filter).await.is_empty() {
+        let gone = match &proc.leaf {
+            // An empty cgroup stays empty: nothing of the tree is left to fork into it.
+            Some(leaf) => leaf.is_empty(),
+            None => {
+                let marker = proc.marker.clone();
+                let pgid = proc.pid;
+                let filter: Filter =
+                    Arc::new(move |e: &Entry| e.mark.as_deref() == Some(marker.as_str()) || e.pgid == pgid);
+                procfs::scan_async(filter.clone()).await.is_empty() && procfs::scan_async(filter).await.is_empty()
+            }
+        };
+        if gone {
             proc.st.lock().unwrap().tree_exited_real = true;
         }
     }
@@ -585,8 +637,11 @@ async fn wait_leader(inner: Arc<Inner>, proc: Arc<Proc>, mut child: Child) {
 }
 
 /// Background task: while any managed tree is not known to be gone, or a reaped leader's
-/// process group may still hold processes, scan /proc every ~25 ms (one scan serves every
-/// check), flip `tree_exited`, and forget process groups that became empty.
+/// process group (or cgroup) may still hold processes, look every ~25 ms, flip `tree_exited`,
+/// forget process groups that became empty and remove cgroups that did. A tree with a cgroup
+/// is gone once its leader was reaped and the cgroup lists no process (an empty cgroup stays
+/// empty); a tree without one after two /proc scans that found none of it (one scan serves
+/// every such check).
 pub(crate) async fn reaper(inner: Arc<Inner>) {
     loop {
         if inner.shutdown.is_cancelled() {
@@ -600,14 +655,33 @@ pub(crate) async fn reaper(inner: Arc<Inner>) {
                 .collect()
         };
         let groups: HashMap<i32, u8> = inner.groups.lock().unwrap().clone();
-        if pending.is_empty() && !groups.values().any(|state| *state >= 1) {
+        let lingering = inner.cgroups.as_ref().map_or(0, |cg| cg.sweep());
+        if pending.is_empty() && lingering == 0 && !groups.values().any(|state| *state >= 1) {
             tokio::select! {
                 _ = inner.reaper_wake.notified() => {}
                 _ = inner.shutdown.cancelled() => return,
             }
             continue;
         }
-        let markers: HashSet<String> = pending.iter().map(|p| p.marker.clone()).collect();
+        for p in pending.iter().filter(|p| p.leaf.is_some()) {
+            let empty = p.leaf.as_ref().is_some_and(|l| l.is_empty());
+            let mut st = p.st.lock().unwrap();
+            if st.leader_exited && empty {
+                st.tree_exited_real = true;
+                drop(st);
+                p.bump();
+            }
+        }
+        let markers: HashSet<String> = pending.iter().filter(|p| p.leaf.is_none()).map(|p| p.marker.clone()).collect();
+        // A /proc scan serves trees without a cgroup and reaped leaders' groups; a running
+        // leader's group needs none (its state changes only once the leader is reaped).
+        if markers.is_empty() && !groups.values().any(|state| *state >= 1) {
+            tokio::select! {
+                _ = tokio::time::sleep(REAP_POLL) => {}
+                _ = inner.shutdown.cancelled() => return,
+            }
+            continue;
+        }
         let group_ids: HashSet<i32> = groups.keys().copied().collect();
         let found = procfs::scan_async(Arc::new(move |e: &Entry| {
             e.mark.as_deref().is_some_and(|m| markers.contains(m)) || group_ids.contains(&e.pgid)
@@ -627,7 +701,7 @@ pub(crate) async fn reaper(inner: Arc<Inner>) {
                 }
             }
         }
-        for p in &pending {
+        for p in pending.iter().filter(|p| p.leaf.is_none()) {
             let alive = found.iter().any(|e| {
                 e.mark.as_deref() == Some(p.marker.as_str()) || (groups.contains_key(&p.pid) && e.pgid == p.pid)
             });
@@ -650,18 +724,53 @@ pub(crate) async fn reaper(inner: Arc<Inner>) {
     }
 }
 
-/// Wait until the leader exited and the tree is gone, polling /proc every 10 ms.
+/// Whether anything of the tree is alive: its cgroup's members, else a /proc scan.
+async fn tree_alive(p: &Arc<Proc>, filter: &Filter) -> bool {
+    match &p.leaf {
+        Some(leaf) => !leaf.is_empty(),
+        None => !procfs::scan_async(filter.clone()).await.is_empty(),
+    }
+}
+
+/// Wait until the leader exited and the tree is gone, looking every 10 ms.
 async fn wait_tree_gone(p: &Arc<Proc>, filter: &Filter, deadline: Instant) -> bool {
     loop {
-        let found = procfs::scan_async(filter.clone()).await;
+        let alive = tree_alive(p, filter).await;
         let leader = p.st.lock().unwrap().leader_exited;
-        if found.is_empty() && leader {
+        if !alive && leader {
             return true;
         }
         if Instant::now() >= deadline {
             return false;
         }
         tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+}
+
+/// Send `sig` to every process of the tree: with a cgroup, to every member while it is frozen
+/// (freeze, signal, thaw: nothing forks past it); else to every process a /proc scan finds.
+async fn signal_tree(p: &Arc<Proc>, filter: &Filter, sig: Signal) {
+    match &p.leaf {
+        Some(leaf) => {
+            let leaves = vec![leaf.clone()];
+            let _ = tokio::task::spawn_blocking(move || cgroup::signal_frozen(&leaves, sig)).await;
+        }
+        None => {
+            let found = procfs::scan_async(filter.clone()).await;
+            procfs::signal_entries(&found, sig, &[p.pid]);
+        }
+    }
+}
+
+/// SIGKILL the tree until it is gone or the deadline passes.
+async fn kill_tree(p: &Arc<Proc>, filter: &Filter, deadline: Instant) {
+    if p.leaf.is_none() {
+        procfs::kill_until_gone(filter.clone(), deadline).await;
+        return;
+    }
+    while tree_alive(p, filter).await && Instant::now() < deadline {
+        signal_tree(p, filter, Signal::SIGKILL).await;
+        tokio::time::sleep(Duration::from_millis(5)).await;
     }
 }
 
@@ -676,15 +785,14 @@ pub(crate) async fn terminate(inner: &Inner, p: &Arc<Proc>, grace: Duration) -> 
     }
     p.bump();
     let filter = p.filter(inner);
-    let found = procfs::scan_async(filter.clone()).await;
-    procfs::signal_entries(&found, Signal::SIGTERM, &[p.pid]);
+    signal_tree(p, &filter, Signal::SIGTERM).await;
     if !p.st.lock().unwrap().leader_exited {
         let _ = nix::sys::signal::killpg(nix::unistd::Pid::from_raw(p.pid), Signal::SIGTERM);
     }
     let mut gone = wait_tree_gone(p, &filter, Instant::now() + grace).await;
     if !gone {
         let deadline = Instant::now() + Duration::from_secs(2);
-        procfs::kill_until_gone(filter.clone(), deadline).await;
+        kill_tree(p, &filter, deadline).await;
         gone = wait_tree_gone(p, &filter, deadline).await;
     }
     {
@@ -701,7 +809,7 @@ pub(crate) async fn terminate(inner: &Inner, p: &Arc<Proc>, grace: Duration) -> 
 /// SIGKILL a tree at once and wait (bounded 2 s) for it to vanish.
 pub(crate) async fn kill_now(inner: &Inner, p: &Arc<Proc>) -> bool {
     let filter = p.filter(inner);
-    procfs::kill_until_gone(filter.clone(), Instant::now() + Duration::from_secs(2)).await;
+    kill_tree(p, &filter, Instant::now() + Duration::from_secs(2)).await;
     let gone = wait_tree_gone(p, &filter, Instant::now() + Duration::from_secs(2)).await;
     if gone {
         p.st.lock().unwrap().tree_exited_real = true;

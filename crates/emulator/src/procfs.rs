@@ -1,10 +1,16 @@
-//! /proc scanning and signalling of marked process trees.
+//! /proc scanning and signalling of process trees.
+//!
+//! A process belongs to the tree its [`Entry::mark`] names: the leaf cgroup it is in, when the
+//! emulator tracks trees by cgroup (see [`crate::cgroup`]), else the `CREATEOS_EMULATOR_MARK`
+//! of its initial environment.
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use nix::sys::signal::{kill, killpg, Signal};
 use nix::unistd::Pid;
+
+use super::cgroup::{self, Leaf};
 
 pub(crate) const MARK_VAR: &str = "CREATEOS_EMULATOR_MARK";
 
@@ -13,7 +19,8 @@ pub(crate) const MARK_VAR: &str = "CREATEOS_EMULATOR_MARK";
 pub(crate) struct Entry {
     pub pid: i32,
     pub pgid: i32,
-    /// Value of `CREATEOS_EMULATOR_MARK` in its initial environment, if any.
+    /// The tree it belongs to (`<instance>:<id>`): from its leaf cgroup, else from
+    /// `CREATEOS_EMULATOR_MARK` in its initial environment; `None` when neither names one.
     pub mark: Option<String>,
 }
 
@@ -46,6 +53,7 @@ fn read_mark(pid: &str) -> Option<String> {
 /// Synchronous (a few hundred small reads); call through `spawn_blocking` from async code.
 pub(crate) fn scan(filter: &dyn Fn(&Entry) -> bool) -> Vec<Entry> {
     let me = std::process::id().to_string();
+    let cgroups = cgroup::any_active();
     let mut out = Vec::new();
     let Ok(dir) = std::fs::read_dir("/proc") else {
         return out;
@@ -65,7 +73,8 @@ pub(crate) fn scan(filter: &dyn Fn(&Entry) -> bool) -> Vec<Entry> {
         let Ok(pid) = name.parse::<i32>() else {
             continue;
         };
-        let e = Entry { pid, pgid, mark: read_mark(name) };
+        let from_cgroup = if cgroups { cgroup::mark_of(name) } else { None };
+        let e = Entry { pid, pgid, mark: from_cgroup.or_else(|| read_mark(name)) };
         if filter(&e) {
             out.push(e);
         }
@@ -91,12 +100,25 @@ pub(crate) fn signal_entries(entries: &[Entry], sig: Signal, groups: &[i32]) {
 }
 
 /// SIGKILL everything the filter selects until nothing is left or the deadline passes.
-/// Returns true when nothing selected is alive any more.
+/// The members of a selected tree with a leaf cgroup are killed while it is frozen (no fork
+/// slips past). Returns true when nothing selected is alive any more.
 pub(crate) async fn kill_until_gone(filter: Filter, deadline: Instant) -> bool {
     loop {
         let found = scan_async(filter.clone()).await;
         if found.is_empty() {
             return true;
+        }
+        let mut leaves: Vec<Arc<Leaf>> = Vec::new();
+        let mut marks: Vec<&str> = found.iter().filter_map(|e| e.mark.as_deref()).collect();
+        marks.sort_unstable();
+        marks.dedup();
+        for m in marks {
+            if let Some(l) = cgroup::leaf_of_mark(m) {
+                leaves.push(l);
+            }
+        }
+        if !leaves.is_empty() {
+            let _ = tokio::task::spawn_blocking(move || cgroup::signal_frozen(&leaves, Signal::SIGKILL)).await;
         }
         let mut groups: Vec<i32> = found.iter().map(|e| e.pgid).collect();
         groups.sort_unstable();
