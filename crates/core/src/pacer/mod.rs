@@ -261,9 +261,7 @@ impl Pacer {
     /// the slot, or a pause began after it reserved).
     async fn confirm(&self, held: &Held, rule: Rule, class: Class) -> Option<(Held, Instant)> {
         match held {
-            Held::Local(id) => {
-                self.local.confirm(*id, rule, Instant::now(), class).map(|at| (Held::Local(*id), at))
-            }
+            Held::Local(id) => self.local.confirm(*id, rule, Instant::now(), class).map(|at| (Held::Local(*id), at)),
             Held::Shared(store, member) => match store.confirm(&self.key, rule, member).await {
                 Some(None) => None,
                 Some(Some(wait)) => Some((Held::Shared(store.clone(), member.clone()), Instant::now() + wait)),
