@@ -259,6 +259,27 @@ test('the store URL (and its password) never appears in an error', async () => {
   }
 })
 
+test('a redis:// password to a host that is not loopback is refused (names rediss://), unless opted in', async () => {
+  const { lib } = await import('./helpers.mjs')
+  const url = 'redis://:hunter2-pw@redis.internal:6379/0'
+  const run = (pacing) => lib.execute({ config: { apiUrl: 'http://127.0.0.1:1', timeoutMs: 2000, pacing }, apiKey: 'k' },
+    { lease: { providerLeaseId: 'sb' }, command: 'true' })
+  for (const [pacing, env, names] of [[{ store: url }, undefined, 'pacing.store'], ['window', url, 'CREATEOS_PACING_STORE']]) {
+    const saved = process.env.CREATEOS_PACING_STORE
+    if (env) process.env.CREATEOS_PACING_STORE = env
+    try {
+      await assert.rejects(run(pacing), (e) => e.code === 'CREATEOS_INVALID_INPUT' && e.message.startsWith(names) &&
+        e.message.includes('rediss://') && !String(e.stack).includes('hunter2') && !String(e.stack).includes('redis.internal'))
+    } finally {
+      if (saved === undefined) delete process.env.CREATEOS_PACING_STORE
+      else process.env.CREATEOS_PACING_STORE = saved
+    }
+  }
+  // Opted in, the configuration is accepted: the call gets as far as the (closed) API port.
+  await assert.rejects(run({ store: url, allowPlaintextPassword: true, key: `opt-in-${process.pid}` }),
+    (e) => e.code !== 'CREATEOS_INVALID_INPUT')
+})
+
 test('Redis killed mid-run: the local budget takes over with one warning per process; restarted: shared again; nothing lost or hung', { timeout: 120_000 }, async () => {
   const redis = await startRedis()
   // No emulator limit here: while the store is down each process has its own budget, by design.
