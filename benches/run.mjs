@@ -1021,6 +1021,8 @@ async function saturationRun(label, n, total, store) {
   const falseErrors = victims.filter((v) => v.kind === 'cleanupError').length
   const otherErrors = victims.filter((v) => v.kind === 'error' || v.kind === 'finished')
   const wrongOutput = victims.filter((v) => v.kind === 'timedOut' && v.stdout !== 'partial\n' && v.stdout !== '').length
+  // A victim whose creation got no slot before its timeout ends as that timeout, nothing ran.
+  const withChild = victims.filter((v) => v.stdout === 'partial\n').length
   const echosOk = results.reduce((a, r) => a + r.echosOk, 0)
   const echoFailures = results.flatMap((r) => r.echoFailures)
   const echoMs = Math.max(...results.map((r) => r.echoMs))
@@ -1028,13 +1030,13 @@ async function saturationRun(label, n, total, store) {
   const p99 = percentile(verdicts, 0.99)
   const max = verdicts[verdicts.length - 1]
   const out = {
-    label, processes: n, victims: victims.length, echos: echosOk + echoFailures.length, falseCleanupErrors: falseErrors,
+    label, processes: n, victims: victims.length, victimsThatRan: withChild, echos: echosOk + echoFailures.length, falseCleanupErrors: falseErrors,
     otherVictimErrors: otherErrors.map((v) => v.message || v.kind), wrongVictimOutput: wrongOutput, survivors: survivors.length,
     verdictMs: { p50, p99, max }, echosOk, echoFailures, echoMs, echoPerMin: echosOk / (echoMs / 60_000), ms,
   }
   const dl = `deadline ${SAT_TIMEOUT_MS} ms after the timeout; target p99 ≤ 5000 ms`
   row('10', `${label}: victims' verdict after their timeout`, stats(verdicts), 'ms',
-    `p50 ${fmt(p50, 0)}, p99 ${fmt(p99, 0)}, max ${fmt(max, 0)} ms over ${victims.length} victims; ${dl}`, 0)
+    `p50 ${fmt(p50, 0)}, p99 ${fmt(p99, 0)}, max ${fmt(max, 0)} ms over ${victims.length} victims (${withChild} ran, printed 'partial'); ${dl}`, 0)
   row('10', `${label}: false cleanup errors`, stats([falseErrors]), '',
     `${falseErrors} of ${victims.length} (every victim was killable; target 0)${otherErrors.length ? `; ${otherErrors.length} other errors` : ''}`, 0)
   row('10', `${label}: survivors after every verdict`, stats([survivors.length]), 'pids', 'the emulator\'s live pids; target 0', 0)

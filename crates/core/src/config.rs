@@ -151,7 +151,7 @@ fn parse_pacing(m: &Map<String, Value>, api_key: &str) -> Result<PacingConfig> {
     };
     if let StoreChoice::Redis(url) = &store {
         if !allow_clear && redis_store::password_in_clear(url) {
-            let from_env = !obj.is_some_and(|p| opt(p, "store").is_some());
+            let from_env = obj.is_none_or(|p| opt(p, "store").is_none());
             return Err(Error::Input(if from_env {
                 redis_store::PLAINTEXT_PASSWORD_ENV
             } else {

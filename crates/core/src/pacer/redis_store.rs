@@ -8,6 +8,22 @@
 //! cancelled waiter removes its member, and a waiter whose slot has come asks again (`confirm`)
 //! so a pause that began meanwhile holds it too.
 //!
+//! A member's first character is its class (`c` = cleanup, `n` = new work): a cleanup's
+//! reservation is placed over the starts made and the other cleanups, and every waiting member
+//! of new work (of any process) is placed again behind it, never earlier than before; its
+//! waiter learns the new slot when it confirms. The member is the id of every decision about
+//! its reservation, and each op is idempotent for it: `reserve` of a member the set holds
+//! answers its slot, `confirm` answers from the member's state alone (a slot still ahead = moved
+//! there; a slot that came = start, unless a pause began before it), `release` is a `ZREM`. So
+//! the one retry on a new connection after a lost answer gets the answer the first run gave,
+//! and never starts a request inside a pause.
+//!
+//! No phantom starts: a reservation whose decision found no answer (it may run on the server
+//! after the decision gave up) and a release the store did not take (no answer, or the store
+//! marked down) are owed to the store, per budget key, at most [`MAX_OWED`], and sent with the
+//! next op on that key (the probe, once the store answers again), which removes them before it
+//! decides. Beyond the cap a member is left to expire: it counts for at most its window.
+//!
 //! Failure is not a stampede: every decision has [`DECISION_TIMEOUT`], and one made on a
 //! connection that has not answered yet [`CONNECT_TIMEOUT`] more (a store across a network
 //! needs several round trips before its first answer); the first failure marks the store down
