@@ -650,3 +650,101 @@ async fn confirm_and_reserve_are_idempotent() {
     assert!(w > Duration::from_millis(1500), "{w:?}");
     assert_eq!(zcard(&server.url(), key).await, 1);
 }
+
+/// A loopback TCP proxy to a Redis server that, once armed, drops the next answer the server
+/// sends and closes that connection (the op ran; its answer was lost on the way).
+struct LosingProxy {
+    port: u16,
+    arm: Arc<std::sync::atomic::AtomicBool>,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl LosingProxy {
+    async fn start(upstream: u16) -> LosingProxy {
+        use std::sync::atomic::Ordering;
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let port = listener.local_addr().unwrap().port();
+        let arm = Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let armed = arm.clone();
+        let task = tokio::spawn(async move {
+            let mut conns = tokio::task::JoinSet::new();
+            while let Ok((down, _)) = listener.accept().await {
+                let armed = armed.clone();
+                conns.spawn(async move {
+                    let Ok(up) = tokio::net::TcpStream::connect(("127.0.0.1", upstream)).await else { return };
+                    let (mut dr, mut dw) = down.into_split();
+                    let (mut ur, mut uw) = up.into_split();
+                    let to_server = async move {
+                        let _ = tokio::io::copy(&mut dr, &mut uw).await;
+                    };
+                    let to_client = async move {
+                        let mut buf = vec![0u8; 16 * 1024];
+                        loop {
+                            let n = match ur.read(&mut buf).await {
+                                Ok(0) | Err(_) => return,
+                                Ok(n) => n,
+                            };
+                            if armed.swap(false, Ordering::SeqCst) {
+                                return; // the answer is lost and the connection ends
+                            }
+                            if dw.write_all(&buf[..n]).await.is_err() {
+                                return;
+                            }
+                        }
+                    };
+                    tokio::select! {
+                        () = to_server => {}
+                        () = to_client => {}
+                    }
+                });
+            }
+        });
+        LosingProxy { port, arm, task }
+    }
+}
+
+impl Drop for LosingProxy {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}
+
+/// A waiter's slot comes inside a pause another process began: its `confirm` moves it behind
+/// the pause, and that answer is lost with its connection. The one retry on a new connection
+/// asks again and must get the same answer, not "start now" inside the pause.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_lost_confirm_answer_retried_on_a_new_connection_does_not_start_inside_a_pause() {
+    let _serial = SERIAL.lock().await;
+    let _ = pacer::take_warnings();
+    let server = Server::start();
+    let proxy = LosingProxy::start(server.port).await;
+    let key = "lost-answer-test";
+    let mode = PacingMode::Window { limit: 1, window: Duration::from_millis(400) };
+    let a = shared_pacer(&format!("redis://127.0.0.1:{}/0", proxy.port), key, mode);
+    let other = shared_pacer(&server.url(), key, mode);
+    a.acquire(&Ctx::new(Abort::new())).await.unwrap();
+    let waiter = {
+        let a = a.clone();
+        tokio::spawn(async move {
+            a.acquire(&Ctx::new(Abort::new())).await.unwrap();
+            Instant::now()
+        })
+    };
+    tokio::time::sleep(Duration::from_millis(150)).await;
+    assert_eq!(zcard(&server.url(), key).await, 2, "the waiter holds the next slot");
+    // Another process sees a 429; its pause reaches the store before the waiter's slot comes.
+    let paused_at = Instant::now();
+    other.pause(Duration::from_millis(1500)).await;
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    proxy.arm.store(true, std::sync::atomic::Ordering::SeqCst);
+    let started = waiter.await.unwrap();
+    assert!(!proxy.arm.load(std::sync::atomic::Ordering::SeqCst), "an answer was dropped");
+    assert!(
+        started >= paused_at + Duration::from_millis(1500) - JITTER,
+        "started {:?} after the pause began (a 1.5 s pause)",
+        started - paused_at
+    );
+    assert!(!a.store().unwrap().is_down(), "the retry on a new connection answered");
+    assert!(pacer::take_warnings().is_empty());
+}
