@@ -259,6 +259,27 @@ test('the store URL (and its password) never appears in an error', async () => {
   }
 })
 
+test('a redis:// password to a host that is not loopback is refused (names rediss://), unless opted in', async () => {
+  const { lib } = await import('./helpers.mjs')
+  const url = 'redis://:hunter2-pw@redis.internal:6379/0'
+  const run = (pacing) => lib.execute({ config: { apiUrl: 'http://127.0.0.1:1', timeoutMs: 2000, pacing }, apiKey: 'k' },
+    { lease: { providerLeaseId: 'sb' }, command: 'true' })
+  for (const [pacing, env, names] of [[{ store: url }, undefined, 'pacing.store'], ['window', url, 'CREATEOS_PACING_STORE']]) {
+    const saved = process.env.CREATEOS_PACING_STORE
+    if (env) process.env.CREATEOS_PACING_STORE = env
+    try {
+      await assert.rejects(run(pacing), (e) => e.code === 'CREATEOS_INVALID_INPUT' && e.message.startsWith(names) &&
+        e.message.includes('rediss://') && !String(e.stack).includes('hunter2') && !String(e.stack).includes('redis.internal'))
+    } finally {
+      if (saved === undefined) delete process.env.CREATEOS_PACING_STORE
+      else process.env.CREATEOS_PACING_STORE = saved
+    }
+  }
+  // Opted in, the configuration is accepted: the call gets as far as the (closed) API port.
+  await assert.rejects(run({ store: url, allowPlaintextPassword: true, key: `opt-in-${process.pid}` }),
+    (e) => e.code !== 'CREATEOS_INVALID_INPUT')
+})
+
 test('Redis killed mid-run: the local budget takes over with one warning per process; restarted: shared again; nothing lost or hung', { timeout: 120_000 }, async () => {
   const redis = await startRedis()
   // No emulator limit here: while the store is down each process has its own budget, by design.
@@ -300,4 +321,48 @@ test('Redis killed mid-run: the local budget takes over with one warning per pro
     assert.ok(!r.stderr.includes(redis.url), 'the URL never appears')
   }
   assert.ok(total < 6000 + deadlineMs, 'nothing hung past its deadline')
+})
+
+test('a cleanup in one process goes ahead of the new work other processes queued in the shared store', { timeout: 120_000 }, async () => {
+  const { lib, kindOf } = await import('./helpers.mjs')
+  const { readFileSync } = await import('node:fs')
+  const redis = await startRedis()
+  const ctx = await startEmu({ rateLimitPerMinute: null })
+  cleanups.push(() => ctx.close(fileURLToPath(import.meta.url)))
+  const pacing = { limit: 10, windowMs: 2000, store: redis.url, key: `saturation-shared-${process.pid}` }
+  const timeoutMs = 1500
+  const started = Date.now()
+  // The victim, in this process: its child is alive when its timeout fires.
+  const victim = lib.execute({ config: { apiUrl: ctx.url, timeoutMs: 8000, pacing }, apiKey: ctx.apiKey },
+    { lease: { providerLeaseId: ctx.sandbox() }, command: 'sh', args: ['-c', 'echo partial; exec sleep 30'] },
+    AbortSignal.timeout(timeoutMs)).then((r) => ({ r, at: Date.now() }), (e) => ({ e, at: Date.now() }))
+  await sleep(300)
+  // Three other processes queue 30 echos (about 90 requests: 18 s of this budget).
+  const others = Array.from({ length: 3 }, () => runNode([CHILD, JSON.stringify({
+    url: ctx.url, apiKey: ctx.apiKey, sandboxes: [ctx.sandbox()], commands: 10, concurrency: 10, deadlineMs: 60_000, pacing,
+  })], baseEnv(), 90_000))
+  let victimPid = null
+  while (victimPid === null && Date.now() < started + timeoutMs) {
+    victimPid = ctx.emu.livePids().find((pid) => {
+      try { return readFileSync(`/proc/${pid}/cmdline`, 'utf8').replace(/\0/g, ' ').trim() === 'sleep 30' } catch { return false }
+    }) ?? null
+    if (victimPid === null) await sleep(25)
+  }
+  assert.ok(victimPid !== null, 'the victim\'s sleep 30 was seen alive')
+  const v = await victim
+  assert.equal(v.e, undefined, `the victim rejected: ${v.e && v.e.stack}`)
+  assert.equal(v.r.timedOut, true)
+  assert.equal(v.r.stdout, 'partial\n')
+  const afterTimeout = v.at - (started + timeoutMs)
+  assert.ok(afterTimeout < 5000, `the victim settled ${afterTimeout} ms after its timeout`)
+  assert.ok(!ctx.emu.livePids().includes(victimPid), 'the victim\'s process is gone when the call settles')
+  const rs = await Promise.all(others)
+  assert.deepEqual(rs.map((r) => [r.ok, r.failed, r.wrong]), [[10, [], 0], [10, [], 0], [10, [], 0]])
+  const log = ctx.requests().slice().sort((a, b) => a.atMs - b.atMs)
+  const del = log.findIndex((r) => kindOf(r) === 'deleteProcess')
+  assert.ok(del >= 0, 'the victim was deleted')
+  const creations = log.map((r, i) => [kindOf(r), i]).filter(([k]) => k === 'createProcess')
+  const later = creations.filter(([, i]) => i > del).length
+  assert.ok(later >= 15, `only ${later} of ${creations.length} creations came after the DELETE`)
+  console.log(`shared store: victim settled ${afterTimeout} ms after its timeout; ${later} of ${creations.length} creations after its DELETE`)
 })

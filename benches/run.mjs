@@ -3,7 +3,7 @@
 // local emulator. Prints the machine, a table (median of N runs with min/max)
 // and writes bench-results/latest.json.
 //
-//   node benches/run.mjs [--quick] [--runs N] [--sections 1,2,3,4,5,6,7,8,9]
+//   node benches/run.mjs [--quick] [--runs N] [--sections 1,2,3,4,5,6,7,8,9,10]
 //                        [--emulator child|inproc|both] [--baseline build|auto|skip]
 //                        [--out FILE]
 //
@@ -28,6 +28,14 @@
 // §9 (binary output) runs `cat` of ASCII, multi-byte UTF-8 and random files (64 MiB; --quick:
 // 8 MiB) with and without `log`, random with `log` from a paced producer against the default
 // 1 MiB journal, and the decoder alone (examples/decode_speed.rs, when built).
+// §10 (saturation) runs K commands at once at a budget of 10 starts per 2 s (client timeoutMs
+// 8000, so a cleanup deadline of 8 s): 3 victims (one per process in the shared run)
+// `sh -c 'echo partial; exec sleep 30'` with a 1.5 s timeout (their children alive when the
+// timeouts fire), the rest `echo`s started 300 ms later (K = 48, 3 rounds; --quick: 24, 1).
+// In this process, and as 4 processes sharing one Redis store (redis-server of its own;
+// skipped when none is installed). Prints false cleanup errors (every
+// victim was killable), survivors (the emulator's live pids once all settled), the verdict
+// after the timeout (p50/p99/max against the deadline) and the echos' throughput.
 //
 // Nothing here asserts timings: the machine may be noisy. Targets are printed beside
 // the numbers for the reader.
@@ -71,7 +79,7 @@ function parseArgs(argv) {
       case '--baseline': o.baseline = val(); break
       case '--out': o.out = val(); break
       case '-h': case '--help':
-        process.stdout.write('usage: node benches/run.mjs [--quick] [--runs N] [--sections 1,2,3,4,5,6,7,8,9] [--emulator child|inproc|both] [--baseline build|auto|skip] [--out FILE]\n')
+        process.stdout.write('usage: node benches/run.mjs [--quick] [--runs N] [--sections 1,2,3,4,5,6,7,8,9,10] [--emulator child|inproc|both] [--baseline build|auto|skip] [--out FILE]\n')
         process.exit(0)
         break
       default: throw new Error(`unknown argument ${a}`)
@@ -84,7 +92,7 @@ function parseArgs(argv) {
   return {
     ...o,
     runs: o.runs ?? (q ? 3 : 5),
-    sections: o.sections ?? new Set(['1', '2', '3', '4', '5', '6', '7', '8', '9']),
+    sections: o.sections ?? new Set(['1', '2', '3', '4', '5', '6', '7', '8', '9', '10']),
     emulator: o.emulator ?? (q ? 'child' : 'both'),
     baseline: o.baseline ?? (q ? 'auto' : 'build'),
     out: o.out ?? join(ROOT, 'bench-results', q ? 'quick.json' : 'latest.json'),
@@ -110,6 +118,8 @@ function parseArgs(argv) {
       client: q ? { limit: 10, windowMs: 400 } : { limit: 30, windowMs: 1200 },
       decisions: q ? 300 : 3000,
     },
+    // §10: commands per run (every 6th a victim), processes of the shared run.
+    saturation: { commands: q ? 24 : 48, processes: 4, rounds: q ? 1 : 3 },
   }
 }
 
@@ -967,6 +977,111 @@ async function sharedPacing(opts) {
   return out
 }
 
+// ---------------------------------------------------------------------------
+// §10 cleanups at a saturated budget
+
+const SATURATION = { limit: 10, windowMs: 2000 }
+const SAT_TIMEOUT_MS = 8000
+const SAT_VICTIM_TIMEOUT_MS = 1500
+
+function percentile(sorted, p) {
+  return sorted.length ? sorted[Math.min(sorted.length - 1, Math.ceil(sorted.length * p) - 1)] : NaN
+}
+
+async function saturationRun(label, n, total, store, rounds) {
+  const { runSaturation } = await import('./lib/saturation.mjs')
+  const emu = await emulator('child')
+  const per = Math.floor(total / n)
+  // The victims go first and fit in the first window with their creation, gate and stream
+  // (3 requests each), so their children are alive when their timeouts fire.
+  const victimsPer = Math.max(1, Math.floor(3 / n))
+  const share = (round) => ({
+    url: emu.url, apiKey: emu.apiKey, victims: victimsPer, echos: per - victimsPer,
+    // One budget key for every process of a round: they share the store's window.
+    pacing: { ...SATURATION, store, key: `saturation-${process.pid}-${n}-${round}` },
+    timeoutMs: SAT_TIMEOUT_MS, victimTimeoutMs: SAT_VICTIM_TIMEOUT_MS, echoDelayMs: 300,
+  })
+  const results = []
+  const survivorsSeen = []
+  const roundEchoMs = []
+  const t = now()
+  for (let round = 0; round < rounds; round++) {
+    if (n === 1) {
+      results.push(await runSaturation({ ...share(round), sandbox: await emu.createSandbox() }))
+    } else {
+      const child = join(ROOT, 'benches', 'lib', 'saturation.mjs')
+      const env = { ...process.env }
+      delete env.CREATEOS_PACING_STORE
+      const runs = []
+      for (let i = 0; i < n; i++) {
+        const arg = { ...share(round), sandbox: await emu.createSandbox() }
+        runs.push(execFileP(process.execPath, [child, JSON.stringify(arg)], { env, timeout: 120_000 })
+          .then(({ stdout }) => JSON.parse(stdout.trim().split('\n').pop())))
+      }
+      results.push(...await Promise.all(runs))
+    }
+    roundEchoMs.push(Math.max(...results.slice(-n).map((r) => r.echoMs)))
+    // Every victim of the round has settled: whatever the emulator still runs survived.
+    survivorsSeen.push(...await emu.livePids())
+  }
+  const ms = now() - t
+  const survivors = [...new Set(survivorsSeen)]
+  const victims = results.flatMap((r) => r.victims)
+  const verdicts = victims.map((v) => v.verdictMs).sort((a, b) => a - b)
+  const falseErrors = victims.filter((v) => v.kind === 'cleanupError').length
+  const otherErrors = victims.filter((v) => v.kind === 'error' || v.kind === 'finished')
+  const wrongOutput = victims.filter((v) => v.kind === 'timedOut' && v.stdout !== 'partial\n' && v.stdout !== '').length
+  // A victim whose creation got no slot before its timeout ends as that timeout, nothing ran.
+  const withChild = victims.filter((v) => v.stdout === 'partial\n').length
+  const echosOk = results.reduce((a, r) => a + r.echosOk, 0)
+  const echoFailures = results.flatMap((r) => r.echoFailures)
+  const echoMs = roundEchoMs.reduce((a, x) => a + x, 0)
+  const p50 = percentile(verdicts, 0.5)
+  const p99 = percentile(verdicts, 0.99)
+  const max = verdicts[verdicts.length - 1]
+  const out = {
+    label, processes: n, victims: victims.length, victimsThatRan: withChild, echos: echosOk + echoFailures.length, falseCleanupErrors: falseErrors,
+    otherVictimErrors: otherErrors.map((v) => v.message || v.kind), wrongVictimOutput: wrongOutput, survivors: survivors.length,
+    verdictMs: { p50, p99, max }, echosOk, echoFailures, echoMs, echoPerMin: echosOk / (echoMs / 60_000), ms,
+  }
+  const dl = `deadline ${SAT_TIMEOUT_MS} ms after the timeout; target p99 ≤ 5000 ms`
+  row('10', `${label}: victims' verdict after their timeout`, stats(verdicts), 'ms',
+    `p50 ${fmt(p50, 0)}, p99 ${fmt(p99, 0)}, max ${fmt(max, 0)} ms over ${victims.length} victims (${withChild} ran, printed 'partial'); ${dl}`, 0)
+  row('10', `${label}: false cleanup errors`, stats([falseErrors]), '',
+    `${falseErrors} of ${victims.length} (every victim was killable; target 0)${otherErrors.length ? `; ${otherErrors.length} other errors` : ''}`, 0)
+  row('10', `${label}: survivors after every verdict`, stats([survivors.length]), 'pids', 'the emulator\'s live pids; target 0', 0)
+  row('10', `${label}: new work throughput`, stats([out.echoPerMin]), 'cmd/min',
+    `${echosOk} of ${out.echos} echos ok in ${fmt(echoMs / 1000, 1)} s (${rounds} round${rounds > 1 ? 's' : ''}) at ${SATURATION.limit} per ${SATURATION.windowMs} ms`, 0)
+  if (survivors.length) {
+    note(`§10 ${label}: processes alive after every verdict: ${survivors.join(', ')}`)
+    for (const pid of survivors) { try { process.kill(pid, 'SIGKILL') } catch {} }
+  }
+  if (echoFailures.length) note(`§10 ${label}: echo failures: ${[...new Set(echoFailures)].slice(0, 3).join(' | ')}`)
+  emulators.splice(emulators.indexOf(emu), 1)
+  await emu.close()
+  return out
+}
+
+async function saturation(opts) {
+  const out = { runs: [] }
+  const total = opts.saturation.commands
+  log(`§10 saturation, in-process budget, ${total} commands`)
+  out.runs.push(await saturationRun('in-process budget', 1, total, false, opts.saturation.rounds))
+  const redis = await startRedis()
+  if (!redis) {
+    rows.push({ section: '10', metric: 'saturation, shared store', unit: '', note: 'redis-server not found: skipped' })
+    return out
+  }
+  try {
+    const n = opts.saturation.processes
+    log(`§10 saturation, ${n} processes on one Redis store, ${total} commands`)
+    out.runs.push(await saturationRun(`${n} processes, one Redis store`, n, total, redis.url, opts.saturation.rounds))
+  } finally {
+    await redis.stop()
+  }
+  return out
+}
+
 async function main() {
   const opts = parseArgs(process.argv.slice(2))
   const m = machine()
@@ -986,6 +1101,7 @@ async function main() {
     if (opts.sections.has('7')) results.wan = await wan(opts)
     if (opts.sections.has('8')) results.sharedPacing = await sharedPacing(opts)
     if (opts.sections.has('9')) results.binaryOutput = await binaryOutput(opts)
+    if (opts.sections.has('10')) results.saturation = await saturation(opts)
   } finally {
     survivors = await closeAll()
   }

@@ -148,6 +148,22 @@ fn parse_pacing(m: &Map<String, Value>, api_key: &str) -> Result<PacingConfig> {
             None => StoreChoice::Keep,
         },
     };
+    // A password over plain redis:// to a remote host (see `redis_store::password_in_clear`).
+    let allow_clear = match obj.and_then(|p| opt(p, "allowPlaintextPassword")) {
+        None => false,
+        Some(Value::Bool(b)) => *b,
+        Some(_) => return Err(Error::Input(INVALID_PACING)),
+    };
+    if let StoreChoice::Redis(url) = &store {
+        if !allow_clear && redis_store::password_in_clear(url) {
+            let from_env = obj.is_none_or(|p| opt(p, "store").is_none());
+            return Err(Error::Input(if from_env {
+                redis_store::PLAINTEXT_PASSWORD_ENV
+            } else {
+                redis_store::PLAINTEXT_PASSWORD
+            }));
+        }
+    }
     let key = match obj.and_then(|p| opt(p, "key")) {
         None => None,
         Some(Value::String(k))

@@ -410,14 +410,15 @@ async fn rediss_trusts_node_extra_ca_certs() {
 proptest! {
     #![proptest_config(ProptestConfig { cases: 6, ..ProptestConfig::default() })]
 
-    /// Two "processes" (each its own connection) share one budget key; callers arrive in any
-    /// order, some give up while they wait: no window over the limit, and what was given up
-    /// is gone from Redis.
+    /// Two "processes" (each its own connection) share one budget key; callers of both classes
+    /// arrive in any order, some give up while they wait: no window over the limit (all starts
+    /// together), and what was given up is gone from Redis.
     #[test]
     fn shared_callers_never_exceed_the_window(
         limit in 1usize..5,
         window_ms in 200u64..450,
-        callers in proptest::collection::vec((0u64..600, any::<bool>(), proptest::option::of(20u64..300)), 4..24),
+        callers in proptest::collection::vec(
+            (0u64..600, any::<bool>(), proptest::option::of(20u64..300), proptest::bool::weighted(0.3)), 4..24),
     ) {
         let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().unwrap();
         let (starts, members, granted) = rt.block_on(async move {
@@ -429,7 +430,7 @@ proptest! {
             let pacers = [shared_pacer(&server.url(), key, mode), shared_pacer(&server.url(), key, mode)];
             let starts = Arc::new(Mutex::new(vec![]));
             let mut tasks = vec![];
-            for (delay, which, give_up) in callers {
+            for (delay, which, give_up, cleanup) in callers {
                 let p = pacers[usize::from(which)].clone();
                 let starts = starts.clone();
                 tasks.push(tokio::spawn(async move {
@@ -437,7 +438,7 @@ proptest! {
                     let ctx = Ctx {
                         abort: Abort::new(),
                         deadline: give_up.map(|ms| Instant::now() + Duration::from_millis(ms)),
-                        class: Class::New,
+                        class: if cleanup { Class::Cleanup } else { Class::New },
                     };
                     if p.acquire(&ctx).await.is_ok() {
                         starts.lock().unwrap().push(Instant::now());
@@ -456,4 +457,294 @@ proptest! {
         prop_assert!(max_in_window(&starts, Duration::from_millis(window_ms) - JITTER) <= limit);
         prop_assert!(usize::try_from(members).unwrap() <= granted, "cancelled members left in Redis");
     }
+}
+
+/// A password over plain `redis://` to a host that is not loopback is refused at config time,
+/// with a fixed message that names `rediss://` and never the URL; loopback, TLS, no password,
+/// and the explicit opt-in are accepted.
+#[test]
+fn a_password_in_clear_to_a_remote_host_is_refused() {
+    use createos_execute_core::config::parse_config;
+    use createos_execute_core::error::Error;
+    use createos_execute_core::pacer::redis_store::{PLAINTEXT_PASSWORD, PLAINTEXT_PASSWORD_ENV};
+    let cfg = |pacing: serde_json::Value, env: Option<&str>| {
+        let mut c = serde_json::json!({"apiUrl": "https://x.io", "pacing": pacing});
+        if let Some(e) = env {
+            c["pacingStoreDefault"] = serde_json::json!(e);
+        }
+        parse_config(&c)
+    };
+    for url in [
+        "redis://:hunter2@redis.internal:6379/0",
+        "redis://app:hunter2@10.0.0.5/0",
+        "redis://:hunter2@[2001:db8::1]:6379",
+        "redis://:hunter2@localhost.example.com",
+    ] {
+        let err = cfg(serde_json::json!({"store": url}), None).err().unwrap();
+        assert!(matches!(err, Error::Input(m) if m == PLAINTEXT_PASSWORD), "{url}");
+        assert!(err.to_string().contains("rediss://") && !err.to_string().contains("hunter2"));
+        let env = cfg(serde_json::json!("window"), Some(url)).err().unwrap();
+        assert!(matches!(env, Error::Input(m) if m == PLAINTEXT_PASSWORD_ENV), "{url}");
+        assert!(!env.to_string().contains("hunter2"));
+        let opted = cfg(serde_json::json!({"store": url, "allowPlaintextPassword": true}), None);
+        assert!(opted.is_ok(), "{url}: the opt-in allows it");
+        let opted_env = cfg(serde_json::json!({"allowPlaintextPassword": true}), Some(url));
+        assert!(opted_env.is_ok(), "{url}: the opt-in covers the environment's store");
+    }
+    for url in [
+        "redis://:hunter2@127.0.0.1:6379/0",
+        "redis://:hunter2@127.0.0.9",
+        "redis://:hunter2@localhost:6379",
+        "redis://:hunter2@[::1]:6379",
+        "rediss://:hunter2@redis.internal:6380/0",
+        "redis://redis.internal:6379/0",
+    ] {
+        assert!(cfg(serde_json::json!({"store": url}), None).is_ok(), "{url}");
+    }
+    assert!(cfg(serde_json::json!({"store": "redis://h", "allowPlaintextPassword": "yes"}), None).is_err());
+}
+
+/// Two processes on one store: one queues new work far beyond the budget, the other's cleanup
+/// asks later and takes the next free slot ahead of all of it; the queue moves one slot, and
+/// the window rule holds for all starts together.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_cleanup_of_one_process_overtakes_another_processes_queued_new_work() {
+    let _serial = SERIAL.lock().await;
+    let _ = pacer::take_warnings();
+    let server = Server::start();
+    let key = "priority-test";
+    let window = Duration::from_millis(500);
+    let mode = PacingMode::Window { limit: 2, window };
+    let a = shared_pacer(&server.url(), key, mode);
+    let b = shared_pacer(&server.url(), key, mode);
+    b.acquire(&Ctx::new(Abort::new())).await.unwrap(); // b's connection is up
+    let t0 = Instant::now();
+    let starts = Arc::new(Mutex::new(vec![]));
+    let mut tasks = vec![];
+    for _ in 0..10 {
+        let (a, starts) = (a.clone(), starts.clone());
+        tasks.push(tokio::spawn(async move {
+            a.acquire(&Ctx::new(Abort::new())).await.unwrap();
+            starts.lock().unwrap().push(Instant::now());
+        }));
+    }
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    // a's ten hold slots out to ~2 s; b's cleanup asks now.
+    b.acquire(&Ctx::cleanup(Duration::from_secs(5))).await.unwrap();
+    let cleanup = Instant::now();
+    starts.lock().unwrap().push(cleanup);
+    for t in tasks {
+        t.await.unwrap();
+    }
+    let starts = starts.lock().unwrap().clone();
+    let waited = cleanup - t0;
+    assert!(waited < window + Duration::from_millis(300), "the cleanup waited {waited:?} behind the queue");
+    let last = *starts.iter().max().unwrap() - t0;
+    assert!(last >= Duration::from_millis(2500) - JITTER, "the queue did not move: last start at {last:?}");
+    assert!(max_in_window(&starts, window - JITTER) <= 2, "{:?}", starts.iter().map(|s| *s - t0).collect::<Vec<_>>());
+    assert!(!a.store().unwrap().is_down() && !b.store().unwrap().is_down());
+    assert!(pacer::take_warnings().is_empty());
+}
+
+/// A reservation that the store made after its decision gave up (the server stopped with the
+/// op in its socket and ran it later) is released once the store answers again: no phantom
+/// start counted for every process.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_reservation_made_after_its_decision_gave_up_is_released() {
+    let _serial = SERIAL.lock().await;
+    let _ = pacer::take_warnings();
+    let server = Server::start();
+    let key = "late-reservation-test";
+    let p = shared_pacer(&server.url(), key, PacingMode::Window { limit: 5, window: Duration::from_secs(30) });
+    p.acquire(&Ctx::new(Abort::new())).await.unwrap();
+    server.signal("-STOP");
+    // Gives up after the decision's bound and starts on the local budget.
+    p.acquire(&Ctx::new(Abort::new())).await.unwrap();
+    assert!(p.store().unwrap().is_down());
+    assert_eq!(p.store().unwrap().owed(), 1);
+    server.signal("-CONT");
+    // The server runs the reservation it had read.
+    tokio::time::sleep(Duration::from_millis(400)).await;
+    assert_eq!(zcard(&server.url(), key).await, 2, "the late reservation was made");
+    // The next decision (the probe) carries the owed release.
+    p.acquire(&Ctx::new(Abort::new())).await.unwrap();
+    assert!(!p.store().unwrap().is_down());
+    assert_eq!(zcard(&server.url(), key).await, 2, "the first start and the probe's; no phantom");
+    assert_eq!(p.store().unwrap().owed(), 0);
+    assert_eq!(pacer::take_warnings(), vec![STORE_DOWN, STORE_RESTORED]);
+}
+
+/// A waiter that gives up while the store does not answer owes its release; it is sent when
+/// the store answers again, so the slot is free for every process.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_release_the_store_did_not_take_is_sent_when_it_answers() {
+    let _serial = SERIAL.lock().await;
+    let _ = pacer::take_warnings();
+    let server = Server::start();
+    let key = "owed-release-test";
+    let p = shared_pacer(&server.url(), key, PacingMode::Window { limit: 1, window: Duration::from_secs(30) });
+    p.acquire(&Ctx::new(Abort::new())).await.unwrap();
+    // Two waiters hold slots in Redis; the server stops; the first gives up (its release finds
+    // no answer and marks the store down), then the second, while the store is marked down
+    // (its release is not even sent).
+    let w1 = {
+        let p = p.clone();
+        tokio::spawn(async move {
+            p.acquire(&Ctx::with_deadline(Abort::new(), Instant::now() + Duration::from_millis(400))).await
+        })
+    };
+    let abort2 = Abort::new();
+    let w2 = {
+        let (p, ctx) = (p.clone(), Ctx::new(abort2.clone()));
+        tokio::spawn(async move { p.acquire(&ctx).await })
+    };
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    assert_eq!(zcard(&server.url(), key).await, 3, "the waiters hold slots");
+    server.signal("-STOP");
+    assert!(w1.await.unwrap().is_err());
+    let deadline = Instant::now() + Duration::from_secs(3);
+    while !p.store().unwrap().is_down() {
+        assert!(Instant::now() < deadline, "the store was not marked down");
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    abort2.abort(false);
+    assert!(w2.await.unwrap().is_err());
+    assert!(p.store().unwrap().owed() >= 1);
+    server.signal("-CONT");
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    // The next decision carries what is owed; its own waiter gives up too.
+    let r = p.acquire(&Ctx::with_deadline(Abort::new(), Instant::now() + Duration::from_millis(300))).await;
+    assert!(r.is_err());
+    let deadline = Instant::now() + Duration::from_secs(3);
+    while zcard(&server.url(), key).await != 1 {
+        assert!(Instant::now() < deadline, "a given-up slot is still held in Redis");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert_eq!(p.store().unwrap().owed(), 0);
+    assert_eq!(pacer::take_warnings(), vec![STORE_DOWN, STORE_RESTORED]);
+}
+
+/// `confirm` answers from the member's state, so running it again (the one retry on a new
+/// connection after a lost answer) gives the same answer: a waiter moved behind a pause is not
+/// started inside it by the retry. `reserve` likewise keeps the slot it made.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn confirm_and_reserve_are_idempotent() {
+    use createos_execute_core::pacer::redis_store::{new_member, Answer};
+    use createos_execute_core::pacer::Rule;
+    let _serial = SERIAL.lock().await;
+    let server = Server::start();
+    let key = "idempotent-test";
+    let store = RedisStore::new(&server.url()).unwrap();
+    let rule = Rule { limit: 5, window: Duration::from_secs(10) };
+    let m = new_member(Class::New);
+    assert!(matches!(store.reserve(key, rule, &m).await, Answer::Wait(w) if w.is_zero()));
+    assert!(matches!(store.reserve(key, rule, &m).await, Answer::Wait(w) if w.is_zero()), "the same slot");
+    assert_eq!(zcard(&server.url(), key).await, 1);
+    store.pause(key, Duration::from_secs(2)).await;
+    let first = store.confirm(key, rule, &m).await.unwrap().expect("moved behind the pause");
+    let again = store.confirm(key, rule, &m).await.unwrap().expect("still behind the pause");
+    assert!(first > Duration::from_millis(1500) && again > Duration::from_millis(1500), "{first:?} {again:?}");
+    assert!(first.abs_diff(again) < Duration::from_millis(200));
+    // A reservation repeated after it moved keeps the moved slot.
+    let Answer::Wait(w) = store.reserve(key, rule, &m).await else { panic!("no answer") };
+    assert!(w > Duration::from_millis(1500), "{w:?}");
+    assert_eq!(zcard(&server.url(), key).await, 1);
+}
+
+/// A loopback TCP proxy to a Redis server that, once armed, drops the next answer the server
+/// sends and closes that connection (the op ran; its answer was lost on the way).
+struct LosingProxy {
+    port: u16,
+    arm: Arc<std::sync::atomic::AtomicBool>,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl LosingProxy {
+    async fn start(upstream: u16) -> LosingProxy {
+        use std::sync::atomic::Ordering;
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let port = listener.local_addr().unwrap().port();
+        let arm = Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let armed = arm.clone();
+        let task = tokio::spawn(async move {
+            let mut conns = tokio::task::JoinSet::new();
+            while let Ok((down, _)) = listener.accept().await {
+                let armed = armed.clone();
+                conns.spawn(async move {
+                    let Ok(up) = tokio::net::TcpStream::connect(("127.0.0.1", upstream)).await else { return };
+                    let (mut dr, mut dw) = down.into_split();
+                    let (mut ur, mut uw) = up.into_split();
+                    let to_server = async move {
+                        let _ = tokio::io::copy(&mut dr, &mut uw).await;
+                    };
+                    let to_client = async move {
+                        let mut buf = vec![0u8; 16 * 1024];
+                        loop {
+                            let n = match ur.read(&mut buf).await {
+                                Ok(0) | Err(_) => return,
+                                Ok(n) => n,
+                            };
+                            if armed.swap(false, Ordering::SeqCst) {
+                                return; // the answer is lost and the connection ends
+                            }
+                            if dw.write_all(&buf[..n]).await.is_err() {
+                                return;
+                            }
+                        }
+                    };
+                    tokio::select! {
+                        () = to_server => {}
+                        () = to_client => {}
+                    }
+                });
+            }
+        });
+        LosingProxy { port, arm, task }
+    }
+}
+
+impl Drop for LosingProxy {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}
+
+/// A waiter's slot comes inside a pause another process began: its `confirm` moves it behind
+/// the pause, and that answer is lost with its connection. The one retry on a new connection
+/// asks again and must get the same answer, not "start now" inside the pause.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_lost_confirm_answer_retried_on_a_new_connection_does_not_start_inside_a_pause() {
+    let _serial = SERIAL.lock().await;
+    let _ = pacer::take_warnings();
+    let server = Server::start();
+    let proxy = LosingProxy::start(server.port).await;
+    let key = "lost-answer-test";
+    let mode = PacingMode::Window { limit: 1, window: Duration::from_millis(400) };
+    let a = shared_pacer(&format!("redis://127.0.0.1:{}/0", proxy.port), key, mode);
+    let other = shared_pacer(&server.url(), key, mode);
+    a.acquire(&Ctx::new(Abort::new())).await.unwrap();
+    let waiter = {
+        let a = a.clone();
+        tokio::spawn(async move {
+            a.acquire(&Ctx::new(Abort::new())).await.unwrap();
+            Instant::now()
+        })
+    };
+    tokio::time::sleep(Duration::from_millis(150)).await;
+    assert_eq!(zcard(&server.url(), key).await, 2, "the waiter holds the next slot");
+    // Another process sees a 429; its pause reaches the store before the waiter's slot comes.
+    let paused_at = Instant::now();
+    other.pause(Duration::from_millis(1500)).await;
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    proxy.arm.store(true, std::sync::atomic::Ordering::SeqCst);
+    let started = waiter.await.unwrap();
+    assert!(!proxy.arm.load(std::sync::atomic::Ordering::SeqCst), "an answer was dropped");
+    assert!(
+        started >= paused_at + Duration::from_millis(1500) - JITTER,
+        "started {:?} after the pause began (a 1.5 s pause)",
+        started - paused_at
+    );
+    assert!(!a.store().unwrap().is_down(), "the retry on a new connection answered");
+    assert!(pacer::take_warnings().is_empty());
 }

@@ -13,8 +13,26 @@
 //! Stores: [`local::Local`] (in-process, the default) and [`redis_store::RedisStore`] (shared;
 //! falls back to the local store while it does not answer). Both reserve a slot per waiter;
 //! a waiter cancelled while it waits gives its slot back, and a waiter whose slot has come
-//! checks the pause again, so a 429's `Retry-After` holds waiters that already reserved a slot
-//! too.
+//! checks it again (`confirm`), so a slot that moved (see below) or a 429's `Retry-After` that
+//! began meanwhile holds waiters that already reserved a slot too.
+//!
+//! Two classes of requests ([`Class`], read from the caller's [`Ctx`]): new work, and the
+//! requests that prove containment (a cleanup, a creation recovery, a sandbox destroy). A
+//! cleanup's request takes the next free slot ahead of every waiting request of new work, in
+//! either store, across processes: the store places it over the starts made and the other
+//! cleanups only, and places the waiting new work again behind it, in its order, so each of
+//! those waiters moves later by at most what the cleanups took; it learns its new slot when its
+//! old one comes. The window rule holds for all starts together, and a pause holds both
+//! classes. New work whose new slot lies beyond its deadline or abort ends as that timeout or
+//! abort while it waits (nothing was sent).
+//!
+//! Why classes decided by the store, and not a share of each window kept from new work: a
+//! share costs new work that throughput all the time, for an event that is rare, and its size
+//! is a guess — a burst of timeouts larger than the share still queues behind new work, and at
+//! a budget of 10 a share of one slot is a tenth of the throughput. With classes a cleanup waits
+//! at most for the next slot that any start frees (at most one window at a saturated budget,
+//! usually less), whatever the backlog of new work, and new work keeps the whole budget while
+//! nothing is being cleaned up.
 //!
 //! A 429 answer pauses the budget key until its `Retry-After` has passed (in the shared store:
 //! for every process using it).
@@ -27,7 +45,7 @@ use std::time::Duration;
 
 use tokio::time::Instant;
 
-use crate::abort::Ctx;
+use crate::abort::{Class, Ctx};
 use crate::error::Result;
 
 pub use local::Local;
@@ -148,7 +166,9 @@ pub struct Pacer {
     shared: Mutex<Option<Arc<RedisStore>>>,
 }
 
-/// A reservation not yet used: dropped (the waiting future was dropped), it is given back.
+/// A reservation not yet used: dropped (the wait was cancelled, timed out, or its future was
+/// dropped), it is given back. Never awaited by the waiter: the shared store's release runs on
+/// its own task (and is owed to the store, bounded, when it does not answer).
 struct Pending<'a> {
     pacer: &'a Pacer,
     held: Option<Held>,
@@ -160,9 +180,12 @@ impl Drop for Pending<'_> {
             None => {}
             Some(Held::Local(id)) => self.pacer.local.release(id),
             Some(Held::Shared(store, member)) => {
-                if let Ok(rt) = tokio::runtime::Handle::try_current() {
-                    let key = self.pacer.key.clone();
-                    rt.spawn(async move { store.release(&key, &member).await });
+                let key = self.pacer.key.clone();
+                match tokio::runtime::Handle::try_current() {
+                    Ok(rt) => {
+                        rt.spawn(async move { store.release(&key, &member).await });
+                    }
+                    Err(_) => store.owe(&key, &member),
                 }
             }
         }
@@ -200,36 +223,45 @@ impl Pacer {
         &self.local
     }
 
-    /// Reserves the earliest start allowed from `now` in the local store and returns it.
+    /// Reserves the earliest start of new work allowed from `now` in the local store and
+    /// returns it.
     pub fn reserve(&self, now: Instant) -> Instant {
+        self.reserve_as(now, Class::New)
+    }
+
+    /// Reserves the earliest start of a request of `class` allowed from `now` in the local
+    /// store and returns it.
+    pub fn reserve_as(&self, now: Instant, class: Class) -> Instant {
         match self.mode().rule() {
-            Some(rule) => self.local.reserve(rule, now).1,
+            Some(rule) => self.local.reserve_as(rule, now, class).1,
             None => self.local.paused_until().map_or(now, |p| p.max(now)),
         }
     }
 
     /// Reserves a start in the shared store, else (no store, or no answer) in the local one,
     /// and puts it in `pending`. The member is held before the store answers, so a decision cut
-    /// short (abort, deadline) gives back what it may have reserved.
-    async fn reserve_in_store(&self, rule: Rule, pending: &mut Pending<'_>) -> Instant {
+    /// short (abort, deadline) gives back what it may have reserved; a decision that found no
+    /// answer owes its member to the store (it may have been made there, late).
+    async fn reserve_in_store(&self, rule: Rule, class: Class, pending: &mut Pending<'_>) -> Instant {
         if let Some(store) = self.store() {
-            let member = redis_store::new_member();
+            let member = redis_store::new_member(class);
             pending.held = Some(Held::Shared(store.clone(), member.clone()));
             if let Answer::Wait(wait) = store.reserve(&self.key, rule, &member).await {
                 return Instant::now() + wait;
             }
+            // No answer: the store owes itself the member's release if the op was sent.
+            pending.held = None;
         }
-        // No answer: the store is marked down, so nothing is given back there.
-        let (id, at) = self.local.reserve(rule, Instant::now());
+        let (id, at) = self.local.reserve_as(rule, Instant::now(), class);
         pending.held = Some(Held::Local(id));
         at
     }
 
-    /// A waiter's slot has come: `None` = start now, else its new reservation (a pause began
-    /// after it reserved).
-    async fn confirm(&self, held: &Held, rule: Rule) -> Option<(Held, Instant)> {
+    /// A waiter's slot has come: `None` = start now, else its new reservation (a cleanup took
+    /// the slot, or a pause began after it reserved).
+    async fn confirm(&self, held: &Held, rule: Rule, class: Class) -> Option<(Held, Instant)> {
         match held {
-            Held::Local(id) => self.local.confirm(*id, rule, Instant::now()).map(|at| (Held::Local(*id), at)),
+            Held::Local(id) => self.local.confirm(*id, rule, Instant::now(), class).map(|at| (Held::Local(*id), at)),
             Held::Shared(store, member) => match store.confirm(&self.key, rule, member).await {
                 Some(None) => None,
                 Some(Some(wait)) => Some((Held::Shared(store.clone(), member.clone()), Instant::now() + wait)),
@@ -237,7 +269,7 @@ impl Pacer {
                 None => {
                     let now = Instant::now();
                     if self.local.paused_until().is_some_and(|p| p > now) {
-                        let (id, at) = self.local.reserve(rule, now);
+                        let (id, at) = self.local.reserve_as(rule, now, class);
                         Some((Held::Local(id), at))
                     } else {
                         None
@@ -247,46 +279,36 @@ impl Pacer {
         }
     }
 
-    async fn release(&self, held: Held) {
-        match held {
-            Held::Local(id) => self.local.release(id),
-            Held::Shared(store, member) => store.release(&self.key, &member).await,
-        }
-    }
-
-    /// Waits for this caller's slot. A wait that is cancelled (abort, deadline, or the future
-    /// dropped) gives the slot back; a pause that begins while it waits holds it too.
+    /// Waits for this caller's slot. The class of `ctx` decides the queue: a cleanup's request
+    /// takes the next free slot ahead of every waiting request of new work. Every wait (the
+    /// store's decisions, the slot, the confirmations) is inside the ctx's abort and deadline;
+    /// a wait that is cut short (abort, deadline, or the future dropped) gives the slot back
+    /// without waiting for the store; a pause that begins while it waits holds it too.
     pub async fn acquire(&self, ctx: &Ctx) -> Result<()> {
         ctx.check()?;
-        let Some(rule) = self.mode().rule() else {
-            // Off: only a pause holds.
-            while let Some(p) = self.local.paused_until().filter(|&p| p > Instant::now()) {
-                ctx.run(async {
-                    tokio::time::sleep_until(p).await;
-                    Ok(())
-                })
-                .await?;
-            }
-            return Ok(());
-        };
+        let class = ctx.class;
+        // A pause this process saw holds before anything is reserved (in a shared store it is
+        // on its way there, see `pause`).
+        while let Some(p) = self.local.paused_until().filter(|&p| p > Instant::now()) {
+            ctx.run(async {
+                tokio::time::sleep_until(p).await;
+                Ok(())
+            })
+            .await?;
+        }
+        let Some(rule) = self.mode().rule() else { return Ok(()) };
         let mut pending = Pending { pacer: self, held: None };
         // A decision can take a connection's bound (a new one); an abort does not wait for it.
-        let mut at = ctx.run(async { Ok(self.reserve_in_store(rule, &mut pending).await) }).await?;
+        let mut at = ctx.run(async { Ok(self.reserve_in_store(rule, class, &mut pending).await) }).await?;
         while at > Instant::now() {
-            let slept = ctx
-                .run(async {
-                    tokio::time::sleep_until(at).await;
-                    Ok(())
-                })
-                .await;
-            if let Err(e) = slept {
-                if let Some(h) = pending.held.take() {
-                    self.release(h).await;
-                }
-                return Err(e);
-            }
+            ctx.run(async {
+                tokio::time::sleep_until(at).await;
+                Ok(())
+            })
+            .await?;
             let Some(h) = pending.held.as_ref() else { break };
-            match self.confirm(h, rule).await {
+            let confirmed = ctx.run(async { Ok(self.confirm(h, rule, class).await) }).await?;
+            match confirmed {
                 None => break,
                 Some((h, a)) => {
                     if let (Some(Held::Shared(..)), Held::Local(_)) = (&pending.held, &h) {
@@ -307,11 +329,20 @@ impl Pacer {
     }
 
     /// Holds every start of this budget for `wait` (a 429's Retry-After): here at once, and in
-    /// the shared store (its own clock) for every process using it.
+    /// the shared store (its own clock) for every process using it. The store's part runs on
+    /// its own task, so the caller (perhaps a cleanup near its deadline) never waits for the
+    /// store; this process's callers wait for the pause before they reserve, so the store has
+    /// it by the time they ask.
     pub async fn pause(&self, wait: Duration) {
         self.local.pause_until(Instant::now() + wait);
         if let Some(store) = self.store() {
-            store.pause(&self.key, wait).await;
+            let key = self.key.clone();
+            match tokio::runtime::Handle::try_current() {
+                Ok(rt) => {
+                    rt.spawn(async move { store.pause(&key, wait).await });
+                }
+                Err(_) => store.pause(&key, wait).await,
+            }
         }
     }
 
@@ -480,14 +511,17 @@ mod tests {
             prop_assert!(max_in_window(&starts, window) <= limit);
         }
 
-        /// Concurrent callers on paused time, some cancelled while they wait, some paused by
-        /// a 429: no window over the limit, no start inside a pause, and the cancelled ones
-        /// hold nothing afterwards (a fresh caller gets exactly the slot the real starts allow).
+        /// Concurrent callers of both classes on paused time, some cancelled while they wait,
+        /// some paused by a 429: no window over the limit (all starts together), no start
+        /// inside a pause, a cleanup never starts after new work that was still waiting when
+        /// it asked, and the cancelled ones hold nothing afterwards (a fresh caller gets
+        /// exactly the slot the real starts allow).
         #[test]
-        fn interleaved_callers_with_cancels_and_pauses(
+        fn interleaved_callers_with_classes_cancels_and_pauses(
             limit in 1usize..6,
             window_ms in 50u64..2_000,
-            callers in proptest::collection::vec((0u64..3_000, proptest::option::of(1u64..2_000)), 1..40),
+            callers in proptest::collection::vec(
+                (0u64..3_000, proptest::option::of(1u64..2_000), proptest::bool::weighted(0.3)), 1..40),
             pause in proptest::option::of((0u64..3_000, 1u64..2_000)),
         ) {
             let rt = tokio::runtime::Builder::new_current_thread().enable_time().start_paused(true).build().unwrap();
@@ -496,18 +530,23 @@ mod tests {
             let (starts, pause_span, fresh, expected) = rt.block_on(async move {
                 let p = Arc::new(Pacer::new(PacingMode::Window { limit, window }));
                 let t0 = Instant::now();
+                // (asked, started, class)
                 let starts = Arc::new(Mutex::new(vec![]));
                 let mut tasks = vec![];
-                for (delay, give_up) in callers {
+                for (delay, give_up, cleanup) in callers {
                     let (p, starts) = (p.clone(), starts.clone());
                     tasks.push(tokio::spawn(async move {
                         tokio::time::sleep(Duration::from_millis(delay)).await;
-                        let ctx = match give_up {
+                        let mut ctx = match give_up {
                             Some(ms) => ctx_with_deadline(Duration::from_millis(ms)),
                             None => Ctx::new(Abort::new()),
                         };
+                        if cleanup {
+                            ctx.class = Class::Cleanup;
+                        }
+                        let asked = Instant::now();
                         if p.acquire(&ctx).await.is_ok() {
-                            starts.lock().unwrap().push(Instant::now());
+                            starts.lock().unwrap().push((asked, Instant::now(), ctx.class));
                         }
                     }));
                 }
@@ -524,7 +563,7 @@ mod tests {
                 let starts = starts.lock().unwrap().clone();
                 // What the real starts alone allow from now on.
                 let reference = Local::default();
-                for &s in &starts {
+                for &(_, s, _) in &starts {
                     reference.record(s, rule);
                 }
                 if let Some((_, end)) = pause_span {
@@ -535,12 +574,79 @@ mod tests {
                 let fresh = p.reserve(now) - t0;
                 (starts, pause_span, fresh, expected)
             });
-            prop_assert!(max_in_window(&starts, window) <= limit);
+            let times: Vec<Instant> = starts.iter().map(|s| s.1).collect();
+            prop_assert!(max_in_window(&times, window) <= limit);
             if let Some((from, to)) = pause_span {
-                prop_assert!(starts.iter().all(|&s| s <= from || s >= to), "a start inside the pause");
+                prop_assert!(times.iter().all(|&s| s <= from || s >= to), "a start inside the pause");
+            } else {
+                for &(asked, started, _) in starts.iter().filter(|s| s.2 == Class::Cleanup) {
+                    for &(_, s, _) in starts.iter().filter(|s| s.2 == Class::New) {
+                        prop_assert!(s >= started || s <= asked, "new work went ahead of a waiting cleanup");
+                    }
+                }
             }
             prop_assert_eq!(fresh, expected);
         }
+    }
+
+    /// Ten starts fill a window of 2 s, 80 requests of new work queue behind them (16 s of
+    /// budget), and a cleanup asks at 1.5 s: it takes the next free slot (2 s), and the new work
+    /// moves one slot later, within the window rule.
+    #[tokio::test(start_paused = true)]
+    async fn a_cleanup_takes_the_next_free_slot_ahead_of_queued_new_work() {
+        let window = Duration::from_secs(2);
+        let p = Arc::new(Pacer::new(PacingMode::Window { limit: 10, window }));
+        let t0 = Instant::now();
+        let starts = Arc::new(Mutex::new(vec![]));
+        for _ in 0..10 {
+            p.acquire(&Ctx::new(Abort::new())).await.unwrap();
+            starts.lock().unwrap().push(Instant::now());
+        }
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        let mut tasks = vec![];
+        for _ in 0..80 {
+            let (p, starts) = (p.clone(), starts.clone());
+            tasks.push(tokio::spawn(async move {
+                p.acquire(&Ctx::new(Abort::new())).await.unwrap();
+                starts.lock().unwrap().push(Instant::now());
+            }));
+        }
+        tokio::time::sleep(Duration::from_millis(1200)).await;
+        p.acquire(&Ctx::cleanup(Duration::from_secs(8))).await.unwrap();
+        let cleanup = Instant::now();
+        assert_eq!(cleanup - t0, window, "the cleanup waited for the next free slot only");
+        starts.lock().unwrap().push(cleanup);
+        for t in tasks {
+            t.await.unwrap();
+        }
+        let starts = starts.lock().unwrap().clone();
+        assert_eq!(starts.len(), 91);
+        assert!(max_in_window(&starts, window) <= 10);
+        assert_eq!(starts.iter().filter(|&&s| s == t0 + window).count(), 10, "the cleanup and 9 of the queue");
+        assert_eq!(*starts.iter().max().unwrap() - t0, Duration::from_secs(18), "the queue moved by one slot");
+    }
+
+    /// New work whose slot a cleanup takes, and whose next slot lies beyond its deadline, ends
+    /// as that timeout while it waits, and holds nothing afterwards.
+    #[tokio::test(start_paused = true)]
+    async fn new_work_moved_past_its_deadline_times_out() {
+        let p = Arc::new(Pacer::new(PacingMode::Window { limit: 1, window: Duration::from_secs(1) }));
+        let t0 = Instant::now();
+        p.acquire(&Ctx::new(Abort::new())).await.unwrap();
+        let waiter = {
+            let p = p.clone();
+            tokio::spawn(async move {
+                let r = p.acquire(&ctx_with_deadline(Duration::from_millis(1500))).await;
+                (r, Instant::now())
+            })
+        };
+        tokio::time::sleep(Duration::from_millis(500)).await;
+        p.acquire(&Ctx::cleanup(Duration::from_secs(5))).await.unwrap();
+        assert_eq!(Instant::now() - t0, Duration::from_secs(1), "the cleanup took the waiter's slot");
+        let (r, ended) = waiter.await.unwrap();
+        assert!(matches!(r, Err(crate::error::Error::TimedOut)), "{:?}", r.err());
+        assert_eq!(ended - t0, Duration::from_millis(1500), "it gave up at its deadline");
+        assert_eq!(p.local().held(), 2, "the two real starts only");
     }
 
     #[tokio::test(start_paused = true)]

@@ -8,6 +8,22 @@
 //! cancelled waiter removes its member, and a waiter whose slot has come asks again (`confirm`)
 //! so a pause that began meanwhile holds it too.
 //!
+//! A member's first character is its class (`c` = cleanup, `n` = new work): a cleanup's
+//! reservation is placed over the starts made and the other cleanups, and every waiting member
+//! of new work (of any process) is placed again behind it, never earlier than before; its
+//! waiter learns the new slot when it confirms. The member is the id of every decision about
+//! its reservation, and each op is idempotent for it: `reserve` of a member the set holds
+//! answers its slot, `confirm` answers from the member's state alone (a slot still ahead = moved
+//! there; a slot that came = start, unless a pause began before it), `release` is a `ZREM`. So
+//! the one retry on a new connection after a lost answer gets the answer the first run gave,
+//! and never starts a request inside a pause.
+//!
+//! No phantom starts: a reservation whose decision found no answer (it may run on the server
+//! after the decision gave up) and a release the store did not take (no answer, or the store
+//! marked down) are owed to the store, per budget key, at most [`MAX_OWED`], and sent with the
+//! next op on that key (the probe, once the store answers again), which removes them before it
+//! decides. Beyond the cap a member is left to expire: it counts for at most its window.
+//!
 //! Failure is not a stampede: every decision has [`DECISION_TIMEOUT`], and one made on a
 //! connection that has not answered yet [`CONNECT_TIMEOUT`] more (a store across a network
 //! needs several round trips before its first answer); the first failure marks the store down
@@ -27,6 +43,7 @@ use redis::aio::{ConnectionManager, ConnectionManagerConfig};
 use tokio::time::Instant;
 
 use super::{warn, Rule, STORE_DOWN, STORE_RESTORED};
+use crate::abort::Class;
 use crate::net::NetEnv;
 
 /// The bound of one decision on a connection that has answered before.
@@ -42,24 +59,22 @@ pub const KEY_PREFIX: &str = "createos-execute:pacing:v1:";
 
 const SCRIPT: &str = r"
 -- KEYS[1] starts (sorted set, score = start in µs of server time), KEYS[2] pause (µs)
--- ARGV: op, limit, window µs, member, pause µs
+-- ARGV: op, limit, window µs, member, pause µs, then members owed a release
+-- A member's first byte is its class: 'c' (cleanup) or 'n' (new work).
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000000 + tonumber(t[2])
 local op = ARGV[1]
 local limit = tonumber(ARGV[2])
 local window = tonumber(ARGV[3])
 local member = ARGV[4]
+for i = 6, #ARGV do redis.call('ZREM', KEYS[1], ARGV[i]) end
 local function n2s(x) return string.format('%.0f', x) end
 local function paused()
   local p = redis.call('GET', KEYS[2])
   if p then return tonumber(p) end
   return 0
 end
-local function reserve()
-  local earliest = now
-  local p = paused()
-  if p > earliest then earliest = p end
-  redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', n2s(earliest - window))
+local function append(m, earliest)
   local n = redis.call('ZCARD', KEYS[1])
   local at = earliest
   if n > 0 then
@@ -70,18 +85,45 @@ local function reserve()
       if kth > at then at = kth end
     end
   end
-  redis.call('ZADD', KEYS[1], n2s(at), member)
+  redis.call('ZADD', KEYS[1], n2s(at), m)
   redis.call('PEXPIRE', KEYS[1], n2s(math.floor((at - now + window) / 1000) + 1000))
+  return at
+end
+local function place(m)
+  local earliest = now
+  local p = paused()
+  if p > earliest then earliest = p end
+  redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', n2s(earliest - window))
+  if string.sub(m, 1, 1) ~= 'c' then return append(m, earliest) - now end
+  -- A cleanup goes ahead of every waiting request of new work (of any process): those are
+  -- placed again behind it, in their order; their waiters learn it when they confirm.
+  -- Never earlier than before: their waiters sleep until their old slots.
+  local waiting = {}
+  local later = redis.call('ZRANGEBYSCORE', KEYS[1], '(' .. n2s(now), '+inf', 'WITHSCORES')
+  for i = 1, #later, 2 do
+    if string.sub(later[i], 1, 1) ~= 'c' then table.insert(waiting, {later[i], tonumber(later[i + 1])}) end
+  end
+  for _, w in ipairs(waiting) do redis.call('ZREM', KEYS[1], w[1]) end
+  local at = append(m, earliest)
+  for _, w in ipairs(waiting) do append(w[1], math.max(earliest, w[2])) end
   return at - now
 end
 if op == 'reserve' then
-  return {0, reserve()}
+  -- Idempotent: a retry of a decision whose answer was lost gets the same slot.
+  local s = redis.call('ZSCORE', KEYS[1], member)
+  if s then return {0, math.max(0, tonumber(s) - now)} end
+  return {0, place(member)}
 elseif op == 'confirm' then
+  -- Decided by the member's state alone, so a retry answers as the first run did.
   local s = redis.call('ZSCORE', KEYS[1], member)
   local p = paused()
-  if s and (p <= now or tonumber(s) >= p) then return {0, 0} end
-  if s then redis.call('ZREM', KEYS[1], member) end
-  return {1, reserve()}
+  if s then
+    s = tonumber(s)
+    if s > now then return {1, s - now} end
+    if p <= now or s >= p then return {0, 0} end
+    redis.call('ZREM', KEYS[1], member)
+  end
+  return {1, place(member)}
 elseif op == 'release' then
   redis.call('ZREM', KEYS[1], member)
   return {0, 0}
@@ -114,7 +156,23 @@ pub struct RedisStore {
     conn: Mutex<Option<Conn>>,
     health: Mutex<Health>,
     script: redis::Script,
+    /// Members whose release found no answer (or whose reservation may have been made after
+    /// its decision gave up), per budget key: sent with the next op on that key.
+    owed: Mutex<Owed>,
 }
+
+/// Releases owed to the store, at most [`MAX_OWED`] in all; beyond that a member is left to
+/// expire (it counts for at most its window).
+#[derive(Default)]
+struct Owed {
+    by_key: std::collections::HashMap<String, Vec<String>>,
+    len: usize,
+}
+
+/// Most releases owed to a store at once.
+pub const MAX_OWED: usize = 1024;
+/// Most owed releases sent with one op.
+const OWED_PER_CALL: usize = 64;
 
 struct ProbeGuard<'a> {
     store: &'a RedisStore,
@@ -135,6 +193,30 @@ impl Drop for ProbeGuard<'_> {
     }
 }
 
+/// Owed releases taken for one op: given back to the queue unless the store answered.
+struct OwedGuard<'a> {
+    store: &'a RedisStore,
+    key: &'a str,
+    members: Vec<String>,
+    armed: bool,
+}
+
+impl OwedGuard<'_> {
+    fn disarm(mut self) {
+        self.armed = false;
+    }
+}
+
+impl Drop for OwedGuard<'_> {
+    fn drop(&mut self) {
+        if self.armed {
+            for m in std::mem::take(&mut self.members) {
+                self.store.owe(self.key, &m);
+            }
+        }
+    }
+}
+
 /// What the store answered.
 pub enum Answer {
     /// Start after this wait (µs of server time from the decision).
@@ -147,12 +229,18 @@ fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
     m.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
 }
 
-/// A member name unique across processes: a random process nonce and a counter.
-pub fn new_member() -> String {
+/// A member name unique across processes: its class (`c` = cleanup, `n` = new work, read by
+/// the script), a random process nonce and a counter. The member is the id of every decision
+/// about its reservation, which makes each op idempotent.
+pub fn new_member(class: Class) -> String {
     static NONCE: std::sync::OnceLock<String> = std::sync::OnceLock::new();
     static COUNTER: AtomicU64 = AtomicU64::new(0);
     let nonce = NONCE.get_or_init(|| uuid::Uuid::new_v4().simple().to_string());
-    format!("{nonce}:{}", COUNTER.fetch_add(1, Ordering::Relaxed))
+    let c = match class {
+        Class::Cleanup => 'c',
+        Class::New => 'n',
+    };
+    format!("{c}:{nonce}:{}", COUNTER.fetch_add(1, Ordering::Relaxed))
 }
 
 /// The trust roots for `rediss://`, by the HTTP client's rules (`net.rs`): the bundled web
@@ -201,6 +289,31 @@ pub fn valid_url(url: &str) -> bool {
         && redis::IntoConnectionInfo::into_connection_info(url).is_ok()
 }
 
+/// A `redis://` password to a host that is not loopback would cross the network in clear.
+pub const PLAINTEXT_PASSWORD: &str = "pacing.store would send its password in clear: a redis:// URL with a password must point at a loopback host; use rediss:// (TLS), or set pacing.allowPlaintextPassword to true on a private network you trust.";
+pub const PLAINTEXT_PASSWORD_ENV: &str = "CREATEOS_PACING_STORE would send its password in clear: a redis:// URL with a password must point at a loopback host; use rediss:// (TLS), or set pacing.allowPlaintextPassword to true on a private network you trust.";
+
+/// Whether `url` is a plain `redis://` URL that carries a password to a host that is not loopback (`localhost`, 127.0.0.0/8,
+/// `::1`): its password would cross the network unencrypted. The API key is held to HTTPS; the
+/// store's password is held to TLS the same way, unless the host opts in
+/// (`pacing.allowPlaintextPassword`).
+pub fn password_in_clear(url: &str) -> bool {
+    let Ok(u) = url::Url::parse(url) else { return false };
+    if u.scheme() != "redis" || u.password().is_none_or(str::is_empty) {
+        return false;
+    }
+    match u.host() {
+        // A redis:// host is opaque to the URL parser: an IPv4 address arrives as a "domain".
+        Some(url::Host::Domain(d)) => match d.parse::<std::net::Ipv4Addr>() {
+            Ok(ip) => !ip.is_loopback(),
+            Err(_) => !d.eq_ignore_ascii_case("localhost"),
+        },
+        Some(url::Host::Ipv4(ip)) => !ip.is_loopback(),
+        Some(url::Host::Ipv6(ip)) => !(ip.is_loopback() || ip.to_ipv4_mapped().is_some_and(|v4| v4.is_loopback())),
+        None => false,
+    }
+}
+
 impl RedisStore {
     /// `None` when the URL is not one the client accepts.
     pub fn new(url: &str) -> Option<Self> {
@@ -228,6 +341,7 @@ impl RedisStore {
                 backoff: MIN_BACKOFF,
             }),
             script: redis::Script::new(SCRIPT),
+            owed: Mutex::new(Owed::default()),
         })
     }
 
@@ -304,9 +418,18 @@ impl RedisStore {
     /// connection that has not answered yet); a connection that answered before and fails at
     /// once gets one more try on a new connection. `None` = no answer.
     async fn call(&self, key: &str, op: &str, rule: Rule, member: &str, extra: u128) -> Option<(i64, i64)> {
-        let probe = self.enter()?;
+        self.call_sent(key, op, rule, member, extra).await.ok()
+    }
+
+    /// [`RedisStore::call`]; `Err(true)` = the op was handed to a connection and got no answer
+    /// in time (it may have run), `Err(false)` = it was not sent (the store is marked down).
+    async fn call_sent(&self, key: &str, op: &str, rule: Rule, member: &str, extra: u128) -> Result<(i64, i64), bool> {
+        let Some(probe) = self.enter() else { return Err(false) };
         // A decision dropped half-way (its caller was cancelled) must not leave the probe taken.
         let guard = ProbeGuard { store: self, armed: probe };
+        // Releases owed on this key go with this op (removed before it decides); given back to
+        // the queue unless the store answered.
+        let owed = OwedGuard { store: self, key, members: self.take_owed(key), armed: true };
         let mut inv = self.script.prepare_invoke();
         inv.key(format!("{KEY_PREFIX}{{{key}}}:starts"))
             .key(format!("{KEY_PREFIX}{{{key}}}:pause"))
@@ -315,6 +438,9 @@ impl RedisStore {
             .arg(u64::try_from(rule.window.as_micros()).unwrap_or(u64::MAX))
             .arg(member)
             .arg(u64::try_from(extra).unwrap_or(u64::MAX));
+        for m in &owed.members {
+            inv.arg(m);
+        }
         let mut retried = false;
         let answer = loop {
             let Some(Conn { manager: mut conn, answered }) = self.connection() else { break None };
@@ -340,14 +466,45 @@ impl RedisStore {
         guard.disarm();
         match answer {
             Some(v) => {
+                owed.disarm();
                 self.answered(probe);
-                Some(v)
+                Ok(v)
             }
             None => {
                 self.failed(probe);
-                None
+                Err(true)
             }
         }
+    }
+
+    /// Notes a release the store did not take (no answer, or the store is marked down): it goes
+    /// with the next op on `key`, so a member the store holds for a waiter that gave up (or a
+    /// reservation it made after its decision gave up) does not count as a start. Bounded by
+    /// [`MAX_OWED`]; beyond it the member is left to expire with its window.
+    pub fn owe(&self, key: &str, member: &str) {
+        let mut o = lock(&self.owed);
+        if o.len >= MAX_OWED {
+            return;
+        }
+        o.len += 1;
+        o.by_key.entry(key.to_owned()).or_default().push(member.to_owned());
+    }
+
+    fn take_owed(&self, key: &str) -> Vec<String> {
+        let mut o = lock(&self.owed);
+        let Some(list) = o.by_key.get_mut(key) else { return Vec::new() };
+        let n = list.len().min(OWED_PER_CALL);
+        let taken: Vec<String> = list.drain(..n).collect();
+        if list.is_empty() {
+            o.by_key.remove(key);
+        }
+        o.len -= taken.len();
+        taken
+    }
+
+    /// Releases owed to the store and not sent yet (for tests and the bench).
+    pub fn owed(&self) -> usize {
+        lock(&self.owed).len
     }
 
     /// Drops the connection whose flag is `answered`, unless another decision replaced it first.
@@ -359,9 +516,15 @@ impl RedisStore {
     }
 
     pub async fn reserve(&self, key: &str, rule: Rule, member: &str) -> Answer {
-        match self.call(key, "reserve", rule, member, 0).await {
-            Some((_, wait)) => Answer::Wait(Duration::from_micros(wait.max(0).unsigned_abs())),
-            None => Answer::Unavailable,
+        match self.call_sent(key, "reserve", rule, member, 0).await {
+            Ok((_, wait)) => Answer::Wait(Duration::from_micros(wait.max(0).unsigned_abs())),
+            Err(sent) => {
+                if sent {
+                    // It may have been made after the decision gave up: no phantom start.
+                    self.owe(key, member);
+                }
+                Answer::Unavailable
+            }
         }
     }
 
@@ -371,9 +534,12 @@ impl RedisStore {
         Some((moved == 1).then(|| Duration::from_micros(wait.max(0).unsigned_abs())))
     }
 
+    /// Removes `member`; without an answer (the store is down or slow) it is owed.
     pub async fn release(&self, key: &str, member: &str) {
         let rule = Rule { limit: 1, window: Duration::from_secs(1) };
-        let _ = self.call(key, "release", rule, member, 0).await;
+        if self.call(key, "release", rule, member, 0).await.is_none() {
+            self.owe(key, member);
+        }
     }
 
     pub async fn pause(&self, key: &str, wait: Duration) {
