@@ -26,9 +26,16 @@ export interface CreateosPacingShared {
    * `process.emitWarning` says so once per outage (code `CREATEOS_PACING_STORE_DOWN`) and once
    * when it answers again (`CREATEOS_PACING_STORE_RESTORED`). The URL never appears in an error
    * or a warning. A password goes only over TLS to a host that is not loopback: a `redis://` URL
-   * with a password to such a host is refused (use `rediss://`).
+   * with a password to such a host is refused (use `rediss://`), unless
+   * `allowPlaintextPassword` is set.
    */
   store?: string | false
+  /**
+   * Allows a `redis://` store URL (from `store` or `CREATEOS_PACING_STORE`) that carries a
+   * password to a host that is not loopback: the password then crosses the network in clear.
+   * Only for a private network you trust (e.g. a compose service `redis`). Default `false`.
+   */
+  allowPlaintextPassword?: boolean
   /**
    * The budget key (1–200 printable ASCII characters, no spaces or braces). Default: the API
    * origin. Give the same key to clients that share one IP budget across origins or keys; it

@@ -330,7 +330,7 @@ function nativeClient(client) {
 // many), so only a key within a small edit distance of one this package reads is reported,
 // once per key and process, with the key it probably meant.
 
-const PACING_FIELDS = Object.freeze(['limit', 'windowMs', 'intervalMs', 'store', 'key'])
+const PACING_FIELDS = Object.freeze(['limit', 'windowMs', 'intervalMs', 'store', 'key', 'allowPlaintextPassword'])
 const MAX_TYPO_DISTANCE = 2
 const warnedKeys = new Set()
 

@@ -138,6 +138,8 @@ async function more(signal: AbortSignal): Promise<void> {
     { lease: { providerLeaseId: "sb" }, command: "true" });
   await execute({ config: { apiUrl: "http://127.0.0.1:1", pacing: { intervalMs: 300, store: false } } },
     { lease: { providerLeaseId: "sb" }, command: "true" });
+  await execute({ config: { apiUrl: "http://127.0.0.1:1", pacing: { limit: 20, windowMs: 2000, store: "redis://:pw@redis:6379/0", allowPlaintextPassword: true } } },
+    { lease: { providerLeaseId: "sb" }, command: "true" });
   // @ts-expect-error the store is a URL string or false
   await execute({ config: { apiUrl: "http://127.0.0.1:1", pacing: { limit: 1, store: true } } }, { lease: { providerLeaseId: "sb" }, command: "true" });
   const emu = await startEmulator({ rateLimitPerMinute: null, rateLimit: { limit: 20, windowMs: 2000 } });
