@@ -398,10 +398,9 @@ pub fn ours_in_page(processes: &[Value], marker: &str) -> Option<Vec<Found>> {
     let mut ours = Vec::new();
     for p in processes.iter().filter(|p| carries(p, marker)) {
         match p.get("process_id").and_then(Value::as_str) {
-            Some(id) if crate::client::is_identifier(id) => ours.push(Found {
-                process_id: id.to_owned(),
-                alive: p.get("tree_exited") == Some(&Value::Bool(false)),
-            }),
+            Some(id) if crate::client::is_identifier(id) => {
+                ours.push(Found { process_id: id.to_owned(), alive: p.get("tree_exited") == Some(&Value::Bool(false)) })
+            }
             _ => return None,
         }
     }

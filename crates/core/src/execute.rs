@@ -125,19 +125,22 @@ pub async fn execute(
     let mut facts = Facts::default();
     // A panic anywhere in the run is an error like any other: it still goes through the
     // cleanup below (the cleanup has its own panic guard).
-    let run = AssertUnwindSafe(run_managed(
-        &client,
-        cfg,
-        params,
-        &ctx,
-        &script,
-        &gate_path,
-        stdin_path.as_deref(),
-        &mut output,
-        &mut facts,
-    ))
-    .catch_unwind()
-    .map(|r| r.unwrap_or(Err(Error::Internal(PANIC))));
+    let run = async {
+        AssertUnwindSafe(run_managed(
+            &client,
+            cfg,
+            params,
+            &ctx,
+            &script,
+            &gate_path,
+            stdin_path.as_deref(),
+            &mut output,
+            &mut facts,
+        ))
+        .catch_unwind()
+        .await
+        .unwrap_or(Err(Error::Internal(PANIC)))
+    };
     // When the caller's signal fired: the cleanup that follows an abort began then, and its
     // deadline counts from then (the run may take a bounded while to stop, see
     // `Client::create_process`).

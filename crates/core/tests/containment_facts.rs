@@ -96,7 +96,8 @@ async fn the_verdict_comes_within_the_deadline_when_delete_and_wait_answer_503_a
         fault(&emu, json!({ "route": "wait", "action": { "kind": "status", "status": 503 } }));
         fault(&emu, json!({ "route": "exec", "action": { "kind": "delay", "ms": 60000 } }));
         let c = cfg(&emu, json!({ "cleanupDeadlineMs": 2000 }));
-        let (r, after_abort) = timed_out_with_stdin(&c, &sb, "cat >/dev/null; sleep 300", Duration::from_millis(300)).await;
+        let (r, after_abort) =
+            timed_out_with_stdin(&c, &sb, "cat >/dev/null; sleep 300", Duration::from_millis(300)).await;
         let err = r.unwrap_err();
         let Error::Cleanup(report) = &err else { panic!("{err:?}") };
         assert_eq!(report.reason, CleanupReason::TerminationUnconfirmed);
@@ -118,13 +119,14 @@ async fn a_hanging_file_removal_never_delays_a_proven_verdict() {
         let sb = emu.create_sandbox_now();
         fault(&emu, json!({ "route": "exec", "action": { "kind": "delay", "ms": 60000 } }));
         let c = cfg(&emu, json!({ "cleanupDeadlineMs": 4000 }));
-        let (r, after_abort) = timed_out_with_stdin(&c, &sb, "cat >/dev/null; sleep 300", Duration::from_millis(300)).await;
+        let (r, after_abort) =
+            timed_out_with_stdin(&c, &sb, "cat >/dev/null; sleep 300", Duration::from_millis(300)).await;
+        // The old code waited for the removal (up to the deadline) before the verdict.
+        assert!(after_abort < Duration::from_millis(3000), "verdict {after_abort:?} after the abort");
         let r = r.unwrap();
         assert!(r.timed_out);
         // A timeout whose tree was ended and proven gone says so.
         assert_eq!(r.tree_exited, Some(true));
-        // The old code waited for the removal (up to the deadline) before the verdict.
-        assert!(after_abort < Duration::from_millis(3000), "verdict {after_abort:?} after the abort");
         assert_nothing_alive(&emu).await;
         // The removal still goes out, after the proof.
         for _ in 0..100 {

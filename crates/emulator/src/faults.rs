@@ -272,11 +272,13 @@ mod tests {
             let rule = format!(r#"{{"route":"{route}","action":{{"kind":"delay","ms":1}}}}"#);
             FaultRule::from_json(&rule).unwrap();
         }
-        let r = FaultRule::from_json(r#"{"route":"listProcesses","action":{"kind":"pageSize","limit":2,"noTotal":true}}"#)
-            .unwrap();
+        let r =
+            FaultRule::from_json(r#"{"route":"listProcesses","action":{"kind":"pageSize","limit":2,"noTotal":true}}"#)
+                .unwrap();
         assert!(matches!(r.action, FaultAction::PageSize { limit: 2, no_total: true }));
         let r2 = FaultRule::from_json(r#"{"route":"listProcesses","action":{"kind":"ignoreOffset"}}"#).unwrap();
-        let mut slots = vec![super::super::FaultSlot { rule: r, seen: 0 }, super::super::FaultSlot { rule: r2, seen: 0 }];
+        let mut slots =
+            vec![super::super::FaultSlot { rule: r, seen: 0 }, super::super::FaultSlot { rule: r2, seen: 0 }];
         let fired = evaluate(&mut slots, "listProcesses", "GET");
         assert_eq!((fired.page_size, fired.no_total, fired.ignore_offset), (Some(2), true, true));
         assert!(!evaluate(&mut slots, "connect", "GET").ignore_offset);
