@@ -321,8 +321,11 @@ pub struct Facts {
     /// frame, the process record or a DELETE, a 408 from `wait?scope=tree`, or a live list
     /// entry of ours. From then on a 404 is no proof.
     pub seen_alive: bool,
-    /// Files of this call may exist in the sandbox (staged stdin, the start gate).
+    /// The stdin file was staged (its upload went out).
     pub staged: bool,
+    /// The start gate's content may have been sent: the command may have started, and past
+    /// its gate the script removes its staged files itself.
+    pub gate_sent: bool,
     /// The creation may have been applied without an answer that says so (a process may
     /// exist that `process_id` does not name).
     pub creation_ambiguous: bool,
@@ -653,25 +656,19 @@ fn carries(process: &Value, marker: &str) -> bool {
     in_args || process.get("cmd").and_then(Value::as_str).is_some_and(|s| s.contains(marker))
 }
 
-/// The most a staged-file removal may take.
-pub const REMOVE_FILES_DEADLINE: Duration = Duration::from_secs(10);
+/// The most clearing a staged file may take.
+pub const CLEAR_STAGED_DEADLINE: Duration = Duration::from_secs(10);
 
-/// Removes staged files with a one-shot `/exec rm -f` (there is no file delete endpoint).
-/// Best effort: failures are ignored, as the files hold only the command's own stdin. It is
-/// housekeeping, not proof: it runs after the verdict (never before it, and never while a
-/// process of the call may still read the files), under its own short deadline, and takes
-/// its request slot as new work does (it never goes ahead of another call's cleanup).
-pub async fn remove_files(client: &Client, sandbox_id: &str, paths: &[&str], deadline: Duration) {
-    if paths.is_empty() {
-        return;
-    }
-    let ctx = Ctx::with_deadline(crate::abort::Abort::new(), Instant::now() + deadline.min(REMOVE_FILES_DEADLINE));
-    let mut args = vec![Value::from("-f"), Value::from("--")];
-    args.extend(paths.iter().map(|p| Value::from(*p)));
-    let body = serde_json::json!({ "cmd": "/bin/rm", "args": args });
-    let _ = client
-        .json(Operation::WorkspaceCommand, Method::POST, &format!("/sandboxes/{sandbox_id}/exec"), Some(body), &ctx)
-        .await;
+/// Clears the content of a staged file (an empty upload over it: the command's stdin does not
+/// stay in the sandbox). Best effort: a failure is ignored. It is housekeeping, not proof: it
+/// runs after the verdict, and only once nothing of the call runs (never while a process may
+/// still read the file), under its own short deadline, and takes its request slot as new work
+/// does (it never goes ahead of another call's cleanup). It starts no process in the sandbox:
+/// `/exec rm` would, and a process of this call alive after the verdict "nothing of this call
+/// runs" would contradict it for anyone who checks.
+pub async fn clear_staged(client: &Client, sandbox_id: &str, path: &str, deadline: Duration) {
+    let ctx = Ctx::with_deadline(crate::abort::Abort::new(), Instant::now() + deadline.min(CLEAR_STAGED_DEADLINE));
+    let _ = client.put_file(sandbox_id, path, bytes::Bytes::new(), &ctx).await;
 }
 
 #[cfg(test)]

@@ -182,12 +182,11 @@ pub async fn execute(
                     return Err(steps.report(f.reason, sb, reported.as_deref()));
                 }
             };
-            // Proven: nothing of this call runs, so its staged files can go. That is
-            // housekeeping and never delays the verdict: it runs after it, bounded.
-            if facts.staged || facts.process_id.is_some() || facts.creation_ambiguous {
-                let mut files = vec![gate_path.clone()];
-                files.extend(stdin_path.clone());
-                spawn_removal(Arc::clone(&client), sb.to_owned(), files, cfg.cleanup.deadline);
+            // Proven: nothing of this call runs. A staged stdin file is left behind only when
+            // the gate never opened (past it, the script removes the file itself): its content
+            // is cleared after the verdict (housekeeping never delays it), bounded.
+            if let (Some(path), true, false) = (&stdin_path, facts.staged, facts.gate_sent) {
+                spawn_clear(Arc::clone(&client), sb.to_owned(), path.clone(), cfg.cleanup.deadline);
             }
             // Only an abort that ended the run makes the outcome an abort: one that fired
             // during the cleanup never replaces a real error (a gap, an eviction, a panic).
@@ -207,13 +206,12 @@ fn cleanup_ctx(began: Instant, deadline: Duration) -> Ctx {
     ctx
 }
 
-/// Removes staged files after the verdict, in a task of its own under its own short deadline
-/// (see [`cleanup::remove_files`]); nothing waits for it.
-fn spawn_removal(client: Arc<Client>, sandbox_id: String, files: Vec<String>, deadline: Duration) {
+/// Clears a staged file after the verdict, in a task of its own under its own short deadline
+/// (see [`cleanup::clear_staged`]); nothing waits for it.
+fn spawn_clear(client: Arc<Client>, sandbox_id: String, path: String, deadline: Duration) {
     tokio::spawn(async move {
-        let paths: Vec<&str> = files.iter().map(String::as_str).collect();
-        let removal = cleanup::remove_files(&client, &sandbox_id, &paths, deadline);
-        let _ = AssertUnwindSafe(removal).catch_unwind().await;
+        let clear = cleanup::clear_staged(&client, &sandbox_id, &path, deadline);
+        let _ = AssertUnwindSafe(clear).catch_unwind().await;
     });
 }
 
@@ -303,7 +301,7 @@ async fn run_managed(
         // content can (that waits for the attach, or the fallback after this request started).
         let following = follow::follow(client, sb, &pid, ctx, &mut sink, &cfg.follow, &mut facts.seen_alive);
         let fallback = create_rtt.clamp(GATE_FALLBACK_MIN, GATE_FALLBACK_MAX);
-        let held = HeldGate { release, upload: held.as_mut(), early: held_early };
+        let held = HeldGate { release, upload: held.as_mut(), early: held_early, sent: &mut facts.gate_sent };
         let gate = open_gate(client, sb, gate_path, ctx, cfg.timeout, fallback, (sending, rx), held);
         let (followed, ()) = tokio::try_join!(following, gate)?;
         followed
@@ -416,6 +414,9 @@ struct HeldGate<'a, G: std::future::Future<Output = HeldUpload>> {
     upload: std::pin::Pin<&'a mut G>,
     /// Its outcome, when it ended before the release (then nothing was written).
     early: Option<HeldUpload>,
+    /// Set once the gate's content may have been sent (by the release or a plain upload):
+    /// from then on the command may have started (see [`Facts::gate_sent`]).
+    sent: &'a mut bool,
 }
 
 /// Opens the start gate once the stream is attached, or `fallback` after the connect request
@@ -466,6 +467,7 @@ async fn open_gate<G: std::future::Future<Output = HeldUpload>>(
         Some(early) => Ok(early),
         None => {
             // A failed send means the upload already ended: polling it tells how.
+            *held.sent = true;
             let _ = held.release.send(());
             gate_ctx.run(async { Ok(held.upload.as_mut().await) }).await
         }
@@ -481,6 +483,7 @@ async fn open_gate<G: std::future::Future<Output = HeldUpload>>(
             let backoff = if matches!(e, Error::Api { status: 429, .. }) { Duration::ZERO } else { RETRY_BACKOFF };
             match gate_ctx.sleep(backoff).await {
                 Ok(()) => {
+                    *held.sent = true;
                     let (r, m) = client.put_file_after(sb, gate_path, content(), &gate_ctx, 1).await;
                     (r, m || maybe)
                 }
@@ -488,6 +491,7 @@ async fn open_gate<G: std::future::Future<Output = HeldUpload>>(
             }
         }
         Ok(HeldUpload::Unsent { attempted }) => {
+            *held.sent = true;
             client.put_file_after(sb, gate_path, content(), &gate_ctx, u32::from(attempted)).await
         }
         // The deadline or the abort came while the content was on its way.

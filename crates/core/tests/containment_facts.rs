@@ -107,6 +107,9 @@ async fn the_verdict_comes_within_the_deadline_when_delete_and_wait_answer_503_a
         assert!(count(&emu, "deleteProcess") >= 2, "asked again within the deadline");
         tokio::time::sleep(Duration::from_millis(300)).await;
         assert_eq!(count(&emu, "exec"), 0, "no file is removed while the process may still read it");
+        let l = log(&emu);
+        let delete = l.iter().position(|x| x.starts_with("DELETE deleteProcess")).expect("a DELETE");
+        assert!(!l[delete..].iter().any(|x| x.starts_with("PUT putFile")), "nor cleared: {l:?}");
         assert!(!emu.live_pids().is_empty(), "the error was right: the process is alive");
         end_all(&emu, &c, &sb).await;
     })
@@ -114,13 +117,18 @@ async fn the_verdict_comes_within_the_deadline_when_delete_and_wait_answer_503_a
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_hanging_file_removal_never_delays_a_proven_verdict() {
+async fn a_hanging_file_clear_never_delays_a_proven_verdict() {
     with_emulator(unlimited(), |emu| async move {
         let sb = emu.create_sandbox_now();
+        // The abort comes while the creation's answer is on its way: the gate never opens, so
+        // the staged stdin stays behind and is cleared. Whatever would clear it hangs (the
+        // old code's `/exec rm`, and the upload over it after the staging).
+        fault(&emu, json!({ "route": "createProcess", "times": 1, "action": { "kind": "delay", "ms": 500 } }));
+        fault(&emu, json!({ "route": "putFile", "skip": 1, "action": { "kind": "delay", "ms": 60000 } }));
         fault(&emu, json!({ "route": "exec", "action": { "kind": "delay", "ms": 60000 } }));
         let c = cfg(&emu, json!({ "cleanupDeadlineMs": 4000 }));
         let (r, after_abort) =
-            timed_out_with_stdin(&c, &sb, "cat >/dev/null; sleep 300", Duration::from_millis(300)).await;
+            timed_out_with_stdin(&c, &sb, "cat >/dev/null; sleep 300", Duration::from_millis(200)).await;
         // The old code waited for the removal (up to the deadline) before the verdict.
         assert!(after_abort < Duration::from_millis(3000), "verdict {after_abort:?} after the abort");
         let r = r.unwrap();
@@ -128,17 +136,21 @@ async fn a_hanging_file_removal_never_delays_a_proven_verdict() {
         // A timeout whose tree was ended and proven gone says so.
         assert_eq!(r.tree_exited, Some(true));
         assert_nothing_alive(&emu).await;
-        // The removal still goes out, after the proof.
+        // The clear still goes out, after the proof, and starts no process.
         for _ in 0..100 {
-            if count(&emu, "exec") > 0 {
+            if count(&emu, "putFile") >= 2 {
                 break;
             }
             tokio::time::sleep(Duration::from_millis(20)).await;
         }
         let l = log(&emu);
         let delete = l.iter().position(|x| x.starts_with("DELETE deleteProcess")).expect("a DELETE");
-        let exec = emu.requests().iter().position(|r| r.route == "exec").expect("the removal was sent");
-        assert!(delete < exec, "{l:?}");
+        let puts: Vec<usize> =
+            l.iter().enumerate().filter(|(_, x)| x.starts_with("PUT putFile")).map(|(i, _)| i).collect();
+        assert_eq!(puts.len(), 2, "the staging and the clear: {l:?}");
+        assert!(puts[0] < delete && delete < puts[1], "{l:?}");
+        assert_eq!(count(&emu, "exec"), 0);
+        assert!(emu.live_pids().is_empty(), "no process of the call after its verdict");
     })
     .await;
 }
