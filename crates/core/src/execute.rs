@@ -199,12 +199,19 @@ pub async fn execute(
     }
 }
 
-/// A cleanup context whose deadline counts from `began` (the abort, or the error).
+/// A cleanup context whose deadline counts from `began` (the abort, or the error). A run that
+/// took most of that time to stop after the abort still leaves the cleanup [`CLEANUP_FLOOR`]
+/// (or the whole deadline, when shorter) to send its requests: an unproven verdict is never
+/// given without asking.
 fn cleanup_ctx(began: Instant, deadline: Duration) -> Ctx {
     let mut ctx = Ctx::cleanup(deadline);
-    ctx.deadline = Some(began + deadline);
+    let floor = Instant::now() + deadline.min(CLEANUP_FLOOR);
+    ctx.deadline = Some((began + deadline).max(floor));
     ctx
 }
+
+/// See [`cleanup_ctx`].
+const CLEANUP_FLOOR: Duration = Duration::from_millis(500);
 
 /// Clears a staged file after the verdict, in a task of its own under its own short deadline
 /// (see [`cleanup::clear_staged`]); nothing waits for it.
