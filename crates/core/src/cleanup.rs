@@ -402,7 +402,8 @@ pub fn ours_in_page(processes: &[Value], marker: &str) -> Option<Vec<Found>> {
     for p in processes.iter().filter(|p| carries(p, marker)) {
         match p.get("process_id").and_then(Value::as_str) {
             Some(id) if crate::client::is_identifier(id) => {
-                ours.push(Found { process_id: id.to_owned(), alive: p.get("tree_exited") == Some(&Value::Bool(false)) })
+                let alive = p.get("tree_exited") == Some(&Value::Bool(false));
+                ours.push(Found { process_id: id.to_owned(), alive });
             }
             _ => return None,
         }
