@@ -176,7 +176,7 @@ test('staged files are removed on the failure path too', async () => {
   await rejection(execute(ctx.client(), bashParams(sandbox, 'cat; sleep 5', { stdin: 'data' })))
   const paths = putPaths(ctx.requests())
   assert.ok(paths.length >= 1)
-  // The removal runs after the verdict (it never delays it), bounded: wait for it.
+  // Past its gate the script removes them itself; nothing after the verdict is waited for.
   const end = Date.now() + 5000
   while (paths.some((p) => existsSync(p)) && Date.now() < end) await sleep(20)
   for (const path of paths) assert.equal(existsSync(path), false, path)
