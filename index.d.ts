@@ -264,7 +264,9 @@ export declare class CreateosDestroyError extends Error {
   /** The sandbox (empty only when constructed by hand without one). */
   readonly sandboxId: string
   readonly attempts: DestroyAttempt[]
-  constructor(message?: string, options?: { sandboxId?: string; attempts?: DestroyAttempt[]; cause?: unknown })
+  /** The HTTP status of a final refusal that ended the attempts (401, 403…); `null` when the deadline did. */
+  readonly status: number | null
+  constructor(message?: string, options?: { sandboxId?: string; attempts?: DestroyAttempt[]; status?: number | null; cause?: unknown })
 }
 
 /** An HTTP error status: the command failed, and every process it started is proven gone. */
@@ -294,6 +296,7 @@ export type CleanupOutcome =
   | 'HTTP 404'
   | 'HTTP 404 after alive'
   | 'invalid id'
+  | 'inconsistent pages'
   | 'too many pages'
   | 'panic'
   | `found ${number}`

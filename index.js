@@ -116,7 +116,7 @@ Object.defineProperty(CreateosCleanupError.prototype, CLEANUP_BRAND, { value: tr
 class CreateosDestroyError extends Error {
   /**
    * `destroySandbox` could not confirm the sandbox gone within its deadline: it may still
-   * exist (and run processes). `new CreateosDestroyError(message?, { sandboxId, attempts })`.
+   * exist (and run processes). `new CreateosDestroyError(message?, { sandboxId, attempts, status })`.
    */
   constructor(message, options) {
     super(message, options && 'cause' in options ? { cause: options.cause } : undefined)
@@ -124,6 +124,7 @@ class CreateosDestroyError extends Error {
     this.code = CODES.destroy
     this.sandboxId = o.sandboxId ?? ''
     this.attempts = Array.isArray(o.attempts) ? o.attempts : []
+    this.status = typeof o.status === 'number' ? o.status : null
   }
 }
 Object.defineProperty(CreateosDestroyError.prototype, 'name', {
@@ -191,6 +192,7 @@ function toError(e) {
       return new CreateosDestroyError(message, {
         sandboxId: err.sandboxId,
         attempts: Array.isArray(err.attempts) ? err.attempts : [],
+        status: typeof err.status === 'number' ? err.status : null,
       })
     case 'cancelled':
     case 'aborted':

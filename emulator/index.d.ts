@@ -105,6 +105,8 @@ export type EmulatorRoute =
   | 'stdinClose'
   | 'signal'
   | 'wait'
+  /** A request no route matched. */
+  | 'unknown'
 
 /** What a matching fault rule does (see docs/emulator.md, "Faults"). */
 export type FaultAction =
@@ -132,7 +134,10 @@ export type FaultAction =
   | { kind: 'treeExitedFalse' }
   | { kind: 'treeExitsAfter'; ms: number }
   // `listProcesses`
-  | { kind: 'pageSize'; limit: number }
+  /** At most `limit` per page; `noTotal`: no `total`, the asked limit echoed (a silent cap). */
+  | { kind: 'pageSize'; limit: number; noTotal?: boolean }
+  /** `offset` ignored: every page is the first one again. */
+  | { kind: 'ignoreOffset' }
 
 /** A fault rule: the first `skip` matches pass, then `times` matches (default: all) get the action. */
 export interface FaultRule {

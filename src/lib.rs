@@ -212,7 +212,7 @@ pub struct NativeError {
     pub message: String,
     /// `kind: 'error'` with a code of its own (`CREATEOS_TLS_UNTRUSTED`, `CREATEOS_NOT_STARTED`, ...).
     pub code: Option<String>,
-    /// `kind: 'api'`: the HTTP status.
+    /// `kind: 'api'`: the HTTP status; `kind: 'destroy'`: the status of a final refusal (401…).
     pub status: Option<u32>,
     /// `kind: 'cleanup'`.
     #[napi(ts_type = "'creation-unconfirmed' | 'termination-unconfirmed' | null")]
@@ -310,6 +310,7 @@ fn native_error(e: &Error) -> NativeError {
         }
         Error::DestroyUnconfirmed(r) => {
             out.kind = "destroy".to_owned();
+            out.status = r.status.map(u32::from);
             out.sandbox_id = Some(r.sandbox_id.clone());
             out.attempts = Some(attempts(&r.attempts));
         }

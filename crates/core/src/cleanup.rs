@@ -150,8 +150,9 @@ fn tree_exited(data: &Map<String, Value>) -> bool {
 /// Terminates the tree of `process_id` and proves it (see the module doc), within `ctx` (a
 /// cleanup context: its own deadline, never the caller's abort). `Ok(())` = proven gone.
 ///
-/// `seen_alive`: an answer earlier in this call said the tree was alive (then a 404 is no
-/// proof). A panic inside is caught and reported as unproven.
+/// `seen_alive`: whether an answer earlier in this call said the tree was alive (then a 404
+/// is no proof); set here too when an answer of this cleanup says so. A panic inside is
+/// caught and reported as unproven.
 pub async fn terminate(
     client: &Client,
     sandbox_id: &str,
@@ -159,10 +160,10 @@ pub async fn terminate(
     policy: &CleanupPolicy,
     ctx: &Ctx,
     steps: &mut Steps,
-    seen_alive: bool,
+    seen_alive: &mut bool,
 ) -> std::result::Result<(), ()> {
     steps.observe(client);
-    let run = terminate_unguarded(client, sandbox_id, process_id, policy, ctx, &mut *steps, seen_alive);
+    let run = terminate_unguarded(client, sandbox_id, process_id, policy, ctx, &mut *steps, &mut *seen_alive);
     match AssertUnwindSafe(run).catch_unwind().await {
         Ok(r) => r,
         Err(_) => {
@@ -179,7 +180,7 @@ async fn terminate_unguarded(
     policy: &CleanupPolicy,
     ctx: &Ctx,
     steps: &mut Steps,
-    mut seen_alive: bool,
+    seen_alive: &mut bool,
 ) -> std::result::Result<(), ()> {
     hooks::panic_at(policy.panic_at, Phase::Cleanup);
     let base = format!("/sandboxes/{sandbox_id}/processes/{process_id}");
@@ -191,10 +192,11 @@ async fn terminate_unguarded(
                 Ok(())
             }
             Ok(_) => {
+                *seen_alive = true;
                 steps.push("delete", Some(grace), "tree_exited false");
                 Err(())
             }
-            Err(Error::Api { status: 404, .. }) => {
+            Err(Error::Api { status: 404, .. }) if !*seen_alive => {
                 steps.push("delete", Some(grace), "HTTP 404");
                 Ok(())
             }
@@ -217,10 +219,10 @@ async fn terminate_unguarded(
                 return Ok(());
             }
             Ok(_) => {
-                seen_alive = true;
+                *seen_alive = true;
                 steps.push("delete", Some(grace), "tree_exited false");
             }
-            Err(Error::Api { status: 404, .. }) if !seen_alive => {
+            Err(Error::Api { status: 404, .. }) if !*seen_alive => {
                 steps.push("delete", Some(grace), "HTTP 404");
                 return Ok(());
             }
@@ -247,10 +249,10 @@ async fn terminate_unguarded(
                 return Ok(());
             }
             Ok(false) => {
-                seen_alive = true;
+                *seen_alive = true;
                 steps.push("wait", None, "still running");
             }
-            Err(Error::Api { status: 404, .. }) if !seen_alive => {
+            Err(Error::Api { status: 404, .. }) if !*seen_alive => {
                 steps.push("wait", None, "HTTP 404");
                 return Ok(());
             }
@@ -308,6 +310,69 @@ async fn confirm(client: &Client, base: &str, confirm_ms: u64, ctx: &Ctx) -> Res
     }
 }
 
+/// What one call learned, carried from the creation through the follow into every cleanup
+/// path. No phase starts from "nothing known": a phase that learns something writes it here,
+/// and every cleanup decides from it.
+#[derive(Debug, Default)]
+pub struct Facts {
+    /// The process this call created (from the creation's answer).
+    pub process_id: Option<String>,
+    /// Some answer in this call said the tree was alive: `tree_exited: false` from the exit
+    /// frame, the process record or a DELETE, a 408 from `wait?scope=tree`, or a live list
+    /// entry of ours. From then on a 404 is no proof.
+    pub seen_alive: bool,
+    /// The stdin file was staged (its upload went out).
+    pub staged: bool,
+    /// The start gate's content may have been sent: the command may have started, and past
+    /// its gate the script removes its staged files itself.
+    pub gate_sent: bool,
+    /// The creation may have been applied without an answer that says so (a process may
+    /// exist that `process_id` does not name).
+    pub creation_ambiguous: bool,
+    /// The verdict is already decided: the command completed, or a cleanup inside the run
+    /// gave its own verdict. Nothing more to end.
+    pub settled: bool,
+}
+
+/// How a cleanup ended when containment was proven.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Contained {
+    /// A tree of this call was ended and proven gone.
+    TreeGone,
+    /// No process of this call exists (none was created, or the list proved it).
+    NothingRan,
+}
+
+/// Ends whatever `facts` say this call may have started and proves it, within `ctx`. `marker`
+/// finds a process behind a lost creation answer. Err = unproven: the reason and the process
+/// the verdict is about.
+pub async fn contain(
+    client: &Client,
+    sandbox_id: &str,
+    marker: &str,
+    facts: &mut Facts,
+    policy: &CleanupPolicy,
+    ctx: &Ctx,
+    steps: &mut Steps,
+) -> std::result::Result<Contained, RecoveryFailure> {
+    if let Some(pid) = facts.process_id.clone() {
+        return match terminate(client, sandbox_id, &pid, policy, ctx, steps, &mut facts.seen_alive).await {
+            Ok(()) => Ok(Contained::TreeGone),
+            Err(()) => Err(RecoveryFailure { reason: CleanupReason::TerminationUnconfirmed, process_id: Some(pid) }),
+        };
+    }
+    if !facts.creation_ambiguous {
+        return Ok(Contained::NothingRan);
+    }
+    if policy.legacy {
+        return Err(RecoveryFailure::creation());
+    }
+    match recover_creation(client, sandbox_id, marker, policy, ctx, steps, &mut facts.seen_alive).await? {
+        true => Ok(Contained::TreeGone),
+        false => Ok(Contained::NothingRan),
+    }
+}
+
 /// Why a creation recovery could not prove containment, and the process it was about.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct RecoveryFailure {
@@ -322,31 +387,94 @@ impl RecoveryFailure {
     }
 }
 
-/// The ids of the processes in one list page whose arguments carry `marker`. An entry that
-/// carries the marker without a valid `process_id` cannot be ended: `None`, never dropped.
-pub fn ours_in_page(processes: &[Value], marker: &str) -> Option<Vec<String>> {
+/// One process of ours found in the list.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Found {
+    pub process_id: String,
+    /// The entry said its tree was alive (`tree_exited: false`): a later 404 is no proof.
+    pub alive: bool,
+}
+
+/// The processes in one list page whose arguments carry `marker`. An entry that carries the
+/// marker without a valid `process_id` cannot be ended: `None`, never dropped.
+pub fn ours_in_page(processes: &[Value], marker: &str) -> Option<Vec<Found>> {
     let mut ours = Vec::new();
     for p in processes.iter().filter(|p| carries(p, marker)) {
         match p.get("process_id").and_then(Value::as_str) {
-            Some(id) if crate::client::is_identifier(id) => ours.push(id.to_owned()),
+            Some(id) if crate::client::is_identifier(id) => {
+                let alive = p.get("tree_exited") == Some(&Value::Bool(false));
+                ours.push(Found { process_id: id.to_owned(), alive });
+            }
             _ => return None,
         }
     }
     Some(ours)
 }
 
-/// Reads every page of the process list and returns our processes (see [`ours_in_page`]).
+/// What one list page says about where the list ends.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct PageShape {
+    /// Entries on the page.
+    pub count: usize,
+    /// `pagination.total`, when the server gave one.
+    pub total: Option<usize>,
+}
+
+/// Where reading a paged list stands after one more page (see [`ListCheck::page`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ListStep {
+    /// Read the next page, from this offset.
+    Next(usize),
+    /// Every entry was read: the list is complete.
+    Complete,
+    /// The pages contradict each other: nothing can be concluded from them.
+    Inconclusive,
+}
+
+/// The rules that make a paged list conclusive: no id on two pages (a server that ignores
+/// `offset` repeats a page), `total` reached when it is given (and never passed), and a page
+/// shorter than asked, without a `total`, confirmed by one more page that is empty (a server
+/// that caps its pages below the asked size would otherwise look finished after one page).
+#[derive(Debug, Default)]
+pub struct ListCheck {
+    seen: HashSet<String>,
+    offset: usize,
+}
+
+impl ListCheck {
+    /// Takes one page: the ids of its entries (`None` for an entry without one) and its shape.
+    pub fn page<'a>(&mut self, ids: impl IntoIterator<Item = Option<&'a str>>, shape: PageShape) -> ListStep {
+        for id in ids.into_iter().flatten() {
+            if !self.seen.insert(id.to_owned()) {
+                return ListStep::Inconclusive;
+            }
+        }
+        self.offset = self.offset.saturating_add(shape.count);
+        match shape.total {
+            Some(total) if self.offset == total => ListStep::Complete,
+            Some(total) if self.offset > total || shape.count == 0 => ListStep::Inconclusive,
+            Some(_) => ListStep::Next(self.offset),
+            // Without a total only an empty page ends the list: a short one may come from a
+            // server that caps its pages below the asked size.
+            None if shape.count == 0 => ListStep::Complete,
+            None => ListStep::Next(self.offset),
+        }
+    }
+}
+
+/// Reads every page of the process list and returns our processes (see [`ours_in_page`]),
+/// when the pages are conclusive ([`ListCheck`]).
 async fn list_ours(
     client: &Client,
     sandbox_id: &str,
     marker: &str,
     ctx: &Ctx,
     steps: &mut Steps,
-) -> std::result::Result<Vec<String>, ()> {
-    let mut ours = Vec::new();
-    let mut seen: HashSet<String> = HashSet::new();
+) -> std::result::Result<Vec<Found>, ()> {
+    let mut ours: Vec<Found> = Vec::new();
+    let mut check = ListCheck::default();
     let mut offset: usize = 0;
-    for page in 0..MAX_LIST_PAGES {
+    for _ in 0..MAX_LIST_PAGES {
         let path = format!("/sandboxes/{sandbox_id}/processes?limit={LIST_PAGE}&offset={offset}");
         let timeout = slice(ctx, Duration::ZERO);
         let data =
@@ -366,34 +494,23 @@ async fn list_ours(
             steps.push("list", None, "invalid id");
             return Err(());
         };
-        for id in found {
-            if !ours.contains(&id) {
-                ours.push(id);
+        ours.extend(found);
+        let total = data
+            .get("pagination")
+            .and_then(|p| p.get("total"))
+            .and_then(Value::as_u64)
+            .and_then(|v| usize::try_from(v).ok());
+        let ids = processes.iter().map(|p| p.get("process_id").and_then(Value::as_str));
+        match check.page(ids, PageShape { count: processes.len(), total }) {
+            ListStep::Next(next) => offset = next,
+            ListStep::Complete => {
+                steps.push("list", None, format!("found {}", ours.len()));
+                return Ok(ours);
             }
-        }
-        // Entries not seen before (a server that ignores `offset` repeats a page: then stop).
-        let fresh = processes
-            .iter()
-            .enumerate()
-            .filter(|(i, p)| {
-                let key =
-                    p.get("process_id").and_then(Value::as_str).map_or_else(|| format!("#{page}:{i}"), str::to_owned);
-                seen.insert(key)
-            })
-            .count();
-        let n = processes.len();
-        offset = offset.saturating_add(n);
-        let pagination = data.get("pagination");
-        let number =
-            |k: &str| pagination.and_then(|p| p.get(k)).and_then(Value::as_u64).and_then(|v| usize::try_from(v).ok());
-        let page_limit = number("limit").filter(|l| *l > 0).unwrap_or(LIST_PAGE);
-        let done = match number("total") {
-            Some(total) => offset >= total,
-            None => n < page_limit,
-        };
-        if done || n == 0 || fresh == 0 {
-            steps.push("list", None, format!("found {}", ours.len()));
-            return Ok(ours);
+            ListStep::Inconclusive => {
+                steps.push("list", None, "inconsistent pages");
+                return Err(());
+            }
         }
     }
     steps.push("list", None, "too many pages");
@@ -403,7 +520,8 @@ async fn list_ours(
 /// After `POST /processes` failed ambiguously: finds the process(es) whose arguments carry
 /// `marker` (the unique start-gate path) in every page of the process list, terminates and
 /// confirms them. `Ok(found)` = proven: nothing of ours runs (found says whether one had been
-/// created).
+/// created). A list entry of ours that said its tree was alive sets `seen_alive`, and so does
+/// any answer of the terminations.
 pub async fn recover_creation(
     client: &Client,
     sandbox_id: &str,
@@ -411,6 +529,7 @@ pub async fn recover_creation(
     policy: &CleanupPolicy,
     ctx: &Ctx,
     steps: &mut Steps,
+    seen_alive: &mut bool,
 ) -> std::result::Result<bool, RecoveryFailure> {
     steps.observe(client);
     let listed = AssertUnwindSafe(list_ours(client, sandbox_id, marker, ctx, &mut *steps)).catch_unwind().await;
@@ -422,11 +541,12 @@ pub async fn recover_creation(
             return Err(RecoveryFailure::creation());
         }
     };
-    for id in &ours {
-        if terminate(client, sandbox_id, id, policy, ctx, steps, false).await.is_err() {
+    for found in &ours {
+        *seen_alive |= found.alive;
+        if terminate(client, sandbox_id, &found.process_id, policy, ctx, steps, &mut *seen_alive).await.is_err() {
             return Err(RecoveryFailure {
                 reason: CleanupReason::TerminationUnconfirmed,
-                process_id: Some(id.clone()),
+                process_id: Some(found.process_id.clone()),
             });
         }
     }
@@ -440,10 +560,12 @@ pub async fn recover_creation(
 pub async fn destroy_sandbox(client: &Client, sandbox_id: &str, ctx: &Ctx) -> Result<()> {
     let mut steps = Steps::new();
     let path = format!("/sandboxes/{sandbox_id}");
-    let unconfirmed = |steps: Steps| {
+    // `status`: the final answer that ended it, when one did (a 401, a 403…).
+    let unconfirmed = |steps: Steps, status: Option<u16>| {
         Error::DestroyUnconfirmed(Box::new(DestroyReport {
             sandbox_id: sandbox_id.to_owned(),
             attempts: steps.attempts,
+            status,
         }))
     };
     let final_refusal = |e: &Error| {
@@ -454,7 +576,7 @@ pub async fn destroy_sandbox(client: &Client, sandbox_id: &str, ctx: &Ctx) -> Re
     for round in 0..MAX_ROUNDS {
         if round > 0 && ctx.sleep(backoff(round)).await.is_err() {
             steps.push("backoff", None, "deadline passed");
-            return Err(unconfirmed(steps));
+            return Err(unconfirmed(steps, None));
         }
         if need_delete {
             let timeout = slice(ctx, Duration::ZERO);
@@ -471,8 +593,11 @@ pub async fn destroy_sandbox(client: &Client, sandbox_id: &str, ctx: &Ctx) -> Re
                 }
                 Err(e) => {
                     steps.push("destroy", None, outcome_of(&e));
-                    if final_refusal(&e) || matches!(e, Error::TimedOut) {
-                        return Err(unconfirmed(steps));
+                    if final_refusal(&e) {
+                        return Err(unconfirmed(steps, e.status()));
+                    }
+                    if matches!(e, Error::TimedOut) {
+                        return Err(unconfirmed(steps, None));
                     }
                     continue;
                 }
@@ -495,13 +620,16 @@ pub async fn destroy_sandbox(client: &Client, sandbox_id: &str, ctx: &Ctx) -> Re
             }
             Err(e) => {
                 steps.push("state", None, outcome_of(&e));
-                if final_refusal(&e) || matches!(e, Error::TimedOut) {
-                    return Err(unconfirmed(steps));
+                if final_refusal(&e) {
+                    return Err(unconfirmed(steps, e.status()));
+                }
+                if matches!(e, Error::TimedOut) {
+                    return Err(unconfirmed(steps, None));
                 }
             }
         }
     }
-    Err(unconfirmed(steps))
+    Err(unconfirmed(steps, None))
 }
 
 /// A sandbox state for the attempt log: one of the documented words, never provider text.
@@ -529,23 +657,19 @@ fn carries(process: &Value, marker: &str) -> bool {
     in_args || process.get("cmd").and_then(Value::as_str).is_some_and(|s| s.contains(marker))
 }
 
-/// The most a staged-file removal may add to a cleanup.
-pub const REMOVE_FILES_DEADLINE: Duration = Duration::from_secs(10);
+/// The most clearing a staged file may take.
+pub const CLEAR_STAGED_DEADLINE: Duration = Duration::from_secs(10);
 
-/// Removes staged files with a one-shot `/exec rm -f` (there is no file delete endpoint).
-/// Best effort: failures are ignored, as the files hold only the command's own stdin. Runs
-/// under its own short deadline, so a cleanup that used its whole deadline still tries.
-pub async fn remove_files(client: &Client, sandbox_id: &str, paths: &[&str], deadline: Duration) {
-    if paths.is_empty() {
-        return;
-    }
-    let ctx = Ctx::cleanup(deadline.min(REMOVE_FILES_DEADLINE));
-    let mut args = vec![Value::from("-f"), Value::from("--")];
-    args.extend(paths.iter().map(|p| Value::from(*p)));
-    let body = serde_json::json!({ "cmd": "/bin/rm", "args": args });
-    let _ = client
-        .json(Operation::WorkspaceCommand, Method::POST, &format!("/sandboxes/{sandbox_id}/exec"), Some(body), &ctx)
-        .await;
+/// Clears the content of a staged file (an empty upload over it: the command's stdin does not
+/// stay in the sandbox). Best effort: a failure is ignored. It is housekeeping, not proof: it
+/// runs after the verdict, and only once nothing of the call runs (never while a process may
+/// still read the file), under its own short deadline, and takes its request slot as new work
+/// does (it never goes ahead of another call's cleanup). It starts no process in the sandbox:
+/// `/exec rm` would, and a process of this call alive after the verdict "nothing of this call
+/// runs" would contradict it for anyone who checks.
+pub async fn clear_staged(client: &Client, sandbox_id: &str, path: &str, deadline: Duration) {
+    let ctx = Ctx::with_deadline(crate::abort::Abort::new(), Instant::now() + deadline.min(CLEAR_STAGED_DEADLINE));
+    let _ = client.put_file(sandbox_id, path, bytes::Bytes::new(), &ctx).await;
 }
 
 #[cfg(test)]
@@ -563,6 +687,40 @@ mod tests {
         assert!(backoff(u32::MAX) <= Duration::from_millis(BACKOFF_CAP_MS));
     }
 
+    fn shape(count: usize, total: Option<usize>) -> PageShape {
+        PageShape { count, total }
+    }
+
+    #[test]
+    fn a_list_is_complete_only_when_its_pages_agree() {
+        let ids = |v: &[&'static str]| v.iter().map(|s| Some(*s)).collect::<Vec<_>>();
+        // With a total: complete when reached.
+        let mut c = ListCheck::default();
+        assert_eq!(c.page(ids(&["a", "b", "c"]), shape(3, Some(4))), ListStep::Next(3));
+        assert_eq!(c.page(ids(&["d"]), shape(1, Some(4))), ListStep::Complete);
+        // A repeated page (offset ignored) is inconclusive, with or without a total.
+        for total in [Some(6), None] {
+            let mut c = ListCheck::default();
+            assert_eq!(c.page(ids(&["a", "b", "c"]), shape(3, total)), ListStep::Next(3));
+            assert_eq!(c.page(ids(&["a", "b", "c"]), shape(3, total)), ListStep::Inconclusive);
+        }
+        // A total never reached (an empty page before it) or passed is inconclusive.
+        let mut c = ListCheck::default();
+        assert_eq!(c.page(ids(&["a"]), shape(1, Some(3))), ListStep::Next(1));
+        assert_eq!(c.page(ids(&[]), shape(0, Some(3))), ListStep::Inconclusive);
+        let mut c = ListCheck::default();
+        assert_eq!(c.page(ids(&["a", "b"]), shape(2, Some(1))), ListStep::Inconclusive);
+        // Without a total, a short page is confirmed by an empty one; a capped server's next
+        // page is read rather than taken as the end.
+        let mut c = ListCheck::default();
+        assert_eq!(c.page(ids(&["a", "b"]), shape(2, None)), ListStep::Next(2));
+        assert_eq!(c.page(ids(&["c", "d"]), shape(2, None)), ListStep::Next(4));
+        assert_eq!(c.page(ids(&[]), shape(0, None)), ListStep::Complete);
+        // An empty list.
+        assert_eq!(ListCheck::default().page(ids(&[]), shape(0, Some(0))), ListStep::Complete);
+        assert_eq!(ListCheck::default().page(ids(&[]), shape(0, None)), ListStep::Complete);
+    }
+
     #[test]
     fn entries_of_ours_with_invalid_ids_are_an_error_not_dropped() {
         let m = "/tmp/createos-start-abc";
@@ -572,7 +730,7 @@ mod tests {
             json!({ "process_id": "bad/id", "args": ["y"] }),
             json!("not even an object"),
         ];
-        assert_eq!(ours_in_page(&page, m), Some(vec!["p1".to_owned()]));
+        assert_eq!(ours_in_page(&page, m), Some(vec![Found { process_id: "p1".to_owned(), alive: false }]));
         for bad in [
             json!({ "process_id": "bad/id", "args": [m] }),
             json!({ "args": [m] }),

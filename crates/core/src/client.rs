@@ -248,17 +248,24 @@ impl Client {
         Err(Error::Api { status: status.as_u16(), op })
     }
 
-    /// `POST /sandboxes/{id}/processes`. Besides the result, says whether a failed creation
-    /// may have reached the server (then a process may exist): true once the request was
-    /// handed to the connection, unless the answer proves it was refused (4xx) or the
-    /// connection was never made.
+    /// `POST /sandboxes/{id}/processes`, with what its failure means (see [`Creation`]): a
+    /// failed creation may have reached the server (then a process may exist) once the
+    /// request was handed to the connection, unless the answer proves it was refused (4xx) or
+    /// the connection was never made.
     ///
     /// The caller's abort is honoured while the request waits for the pacer (nothing was
-    /// sent), but not once it is on the wire: then the answer is awaited under its own
-    /// deadline, so the process it created is known and can be terminated, rather than left
-    /// for a list that may not show it yet. The command cannot start meanwhile: it waits on
-    /// its start gate.
-    pub async fn create_process(&self, sandbox_id: &str, body: Value, ctx: &Ctx) -> (Result<Map<String, Value>>, bool) {
+    /// sent). Once it is on the wire, the answer is still awaited after the abort, for at most
+    /// `answer_after_abort` (the cleanup's share of its deadline: the cleanup begins at the
+    /// abort), so the process it created is known and can be terminated rather than looked for
+    /// in a list that may not show it yet. The command cannot start meanwhile: it waits on its
+    /// start gate.
+    pub async fn create_process(
+        &self,
+        sandbox_id: &str,
+        body: Value,
+        ctx: &Ctx,
+        answer_after_abort: Duration,
+    ) -> Creation {
         let path = format!("/sandboxes/{sandbox_id}/processes");
         let op = Operation::ProcessCreation;
         let body = Body::Json(body);
@@ -266,21 +273,37 @@ impl Client {
         loop {
             let paced = self.events.as_ref().map(|_| Instant::now());
             if let Err(e) = self.pacer.acquire(ctx).await {
-                return (Err(e), false);
+                return Creation { result: Err(e), maybe_created: false, unanswered: false };
             }
             let started = Instant::now();
             let in_flight = Ctx::cleanup(self.request_timeout + Duration::from_secs(1));
-            let result =
-                match self.transmit(op, &Method::POST, &path, &body, &in_flight, Some(self.request_timeout)).await {
-                    Ok(resp) => {
-                        read_envelope(resp, op, &in_flight, self.request_timeout.saturating_sub(started.elapsed()))
-                            .await
+            let request = async {
+                let sent = self.transmit(op, &Method::POST, &path, &body, &in_flight, None);
+                match tokio::time::timeout(self.request_timeout, sent).await {
+                    Err(_) => (Err(Error::Connection { op, maybe_sent: true }), false),
+                    Ok(Err(e)) => {
+                        // The connection ended before any answer came (not our deadline).
+                        let unanswered = matches!(e, Error::Connection { maybe_sent: true, .. });
+                        (Err(e), unanswered)
                     }
-                    Err(e) => Err(e),
-                };
+                    Ok(Ok(resp)) => {
+                        let left = self.request_timeout.saturating_sub(started.elapsed());
+                        (read_envelope(resp, op, &in_flight, left).await, false)
+                    }
+                }
+            };
+            let abandoned = async {
+                ctx.abort.aborted().await;
+                tokio::time::sleep(answer_after_abort).await;
+            };
+            let (result, unanswered) = tokio::select! {
+                biased;
+                r = request => r,
+                () = abandoned => (Err(Error::TimedOut), false),
+            };
             self.observe(op, &Method::POST, attempt + 1, (paced, started), result.as_ref().map(|_| 201));
             let maybe_created = match &result {
-                Ok(_) => return (result, true),
+                Ok(_) => return Creation { result, maybe_created: true, unanswered: false },
                 Err(Error::Api { status, .. }) => *status >= 500,
                 Err(Error::Connection { maybe_sent, .. }) => *maybe_sent,
                 Err(
@@ -296,7 +319,7 @@ impl Client {
             attempt += 1;
             let err = result.expect_err("handled above");
             if attempt > MAX_RETRIES || !retryable(&err, &Method::POST, Retry::Creation) {
-                return (Err(err), maybe_created);
+                return Creation { result: Err(err), maybe_created, unanswered };
             }
         }
     }
@@ -318,9 +341,8 @@ impl Client {
 
     /// [`Client::send`], and whether a failed request may still have been applied: true when
     /// some attempt left without an answer that proves it was not (a lost connection after
-    /// sending, a deadline or abort while on the wire, a gateway's 502/504). An error status
-    /// from the server itself, a refused connection or an untrusted certificate prove nothing
-    /// was applied. `attempts_done` attempts of the same request were already made (they
+    /// sending, a deadline or abort while on the wire, any 5xx). A 4xx, a refused connection
+    /// or an untrusted certificate prove nothing was applied. `attempts_done` attempts of the same request were already made (they
     /// count against [`MAX_RETRIES`]); `on_send` is called each time an attempt, past the
     /// pacer, is handed to the connection.
     #[allow(clippy::too_many_arguments)]
@@ -494,6 +516,18 @@ impl Client {
     }
 }
 
+/// What a `POST /processes` gave ([`Client::create_process`]).
+#[derive(Debug)]
+pub struct Creation {
+    pub result: Result<Map<String, Value>>,
+    /// A failed creation may have reached the server: a process may exist.
+    pub maybe_created: bool,
+    /// The connection ended after the request was sent and before any answer came (neither
+    /// a status nor our deadline): a pooled connection the server closed as it was reused
+    /// looks like this. Only a conclusive process list can say whether it created anything.
+    pub unanswered: bool,
+}
+
 /// How a held upload ([`Client::put_file_held`]) ended.
 #[derive(Debug)]
 pub enum HeldUpload {
@@ -553,12 +587,14 @@ pub fn upload_retryable(err: &Error) -> bool {
     retryable(err, &Method::PUT, Retry::Safe)
 }
 
-/// Whether a request that failed with `err` may still have been applied: not when the
-/// answer came from the server itself (an error status other than a gateway's 502/504), a
-/// redirect was refused, the certificate did not verify, or nothing was sent.
+/// Whether a request that failed with `err` may still have been applied. Not when the answer
+/// refused it (a 4xx), a redirect was refused, the certificate did not verify, or nothing was
+/// sent. Any 5xx may have come after the request was applied (a server that wrote an upload
+/// and then failed, a gateway that lost the answer), as a lost connection or a deadline after
+/// the request left may: the same rule as for a process creation.
 fn may_have_applied(err: &Error) -> bool {
     match err {
-        Error::Api { status, .. } => matches!(status, 502 | 504),
+        Error::Api { status, .. } => *status >= 500,
         Error::Connection { maybe_sent, .. } => *maybe_sent,
         Error::UntrustedCertificate { .. }
         | Error::ProxyRefused { .. }

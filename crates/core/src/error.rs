@@ -81,6 +81,9 @@ pub struct CleanupReport {
 pub struct DestroyReport {
     pub sandbox_id: String,
     pub attempts: Vec<Attempt>,
+    /// The HTTP status of the final answer that ended the attempts (a 401, a 403…), when one
+    /// did; `None` when the deadline ended them. The message names it.
+    pub status: Option<u16>,
 }
 
 pub const DESTROY_UNCONFIRMED: &str = "CreateOS sandbox destruction could not be confirmed.";
@@ -144,11 +147,18 @@ pub enum Error {
     #[error("{}", cleanup_message(.0.reason))]
     Cleanup(Box<CleanupReport>),
     /// `destroySandbox` could not prove the sandbox gone within its deadline.
-    #[error("{DESTROY_UNCONFIRMED}")]
+    #[error("{}", destroy_message(.0.status))]
     DestroyUnconfirmed(Box<DestroyReport>),
     /// A bug of ours (a panic, an impossible state). Fixed text only.
     #[error("createos-execute internal error: {0}.")]
     Internal(&'static str),
+}
+
+fn destroy_message(status: Option<u16>) -> std::borrow::Cow<'static, str> {
+    match status {
+        Some(status) => format!("CreateOS sandbox destruction could not be confirmed (HTTP {status}).").into(),
+        None => DESTROY_UNCONFIRMED.into(),
+    }
 }
 
 fn cleanup_message(reason: CleanupReason) -> &'static str {
@@ -219,5 +229,10 @@ mod tests {
         assert_eq!(Error::ProxyRefused { op, status: None }.to_string(), PROXY_REFUSED);
         assert_eq!(Error::ProxyUnreachable { op }.to_string(), PROXY_UNREACHABLE);
         assert_eq!(Error::ProxyUnreachable { op }.code(), Some("CREATEOS_PROXY_UNREACHABLE"));
+        let destroy = |status| {
+            Error::DestroyUnconfirmed(Box::new(DestroyReport { sandbox_id: "sb".into(), attempts: vec![], status }))
+        };
+        assert_eq!(destroy(None).to_string(), DESTROY_UNCONFIRMED);
+        assert_eq!(destroy(Some(401)).to_string(), "CreateOS sandbox destruction could not be confirmed (HTTP 401).");
     }
 }

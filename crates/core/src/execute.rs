@@ -20,6 +20,7 @@
 //! `timedOut` result with the output so far, any other abort is a cancellation.
 
 use std::panic::AssertUnwindSafe;
+use std::sync::Arc;
 use std::time::Duration;
 
 use bytes::Bytes;
@@ -27,9 +28,10 @@ use futures_util::{FutureExt, StreamExt};
 use reqwest::Method;
 use serde_json::{json, Value};
 use tokio::sync::{mpsc, oneshot};
+use tokio::time::Instant;
 
 use crate::abort::{Abort, Ctx};
-use crate::cleanup::{self, Steps};
+use crate::cleanup::{self, Contained, Facts, Steps};
 use crate::client::{self, Body, Client, HeldUpload};
 use crate::config::{Config, Leftover, Params};
 use crate::error::{CleanupReason, Error, Operation, Result, PANIC};
@@ -71,16 +73,6 @@ impl ExecuteResult {
     }
 }
 
-/// What happened so far, for the cleanup decision.
-#[derive(Default)]
-struct Progress {
-    staged: bool,
-    process_id: Option<String>,
-    /// POST /processes failed in a way that does not prove nothing was created.
-    creation_ambiguous: bool,
-    completed: bool,
-}
-
 /// Writes followed output into the capture and reports the first connect request and the
 /// first attach.
 struct CaptureSink<'a> {
@@ -115,12 +107,12 @@ pub async fn execute(
     abort: Abort,
     log: Option<mpsc::Sender<LogLine>>,
 ) -> Result<ExecuteResult> {
-    let client = cfg.client()?;
+    let client = Arc::new(cfg.client()?);
     let ctx = Ctx::new(abort.clone());
     let mut output = Output::new(log);
     if abort.is_aborted() {
         // Nothing is sent for an already aborted signal.
-        return aborted(&abort, output.finish().await, None);
+        return aborted(&abort, output.finish().await, None, None);
     }
     let token = uuid::Uuid::new_v4().simple().to_string();
     let stdin_path = params.stdin.as_ref().map(|_| format!("/tmp/createos-stdin-{token}"));
@@ -130,23 +122,38 @@ pub async fn execute(
         &params.command(),
         Some(&Gate { gate_path: &gate_path, stdin_path: stdin_path.as_deref(), timeout_s: gate_timeout_s }),
     )?;
-    let mut progress = Progress::default();
+    let mut facts = Facts::default();
     // A panic anywhere in the run is an error like any other: it still goes through the
     // cleanup below (the cleanup has its own panic guard).
-    let run = AssertUnwindSafe(run_managed(
-        &client,
-        cfg,
-        params,
-        &ctx,
-        &script,
-        &gate_path,
-        stdin_path.as_deref(),
-        &mut output,
-        &mut progress,
-    ))
-    .catch_unwind()
-    .await
-    .unwrap_or(Err(Error::Internal(PANIC)));
+    let run = async {
+        AssertUnwindSafe(run_managed(
+            &client,
+            cfg,
+            params,
+            &ctx,
+            &script,
+            &gate_path,
+            stdin_path.as_deref(),
+            &mut output,
+            &mut facts,
+        ))
+        .catch_unwind()
+        .await
+        .unwrap_or(Err(Error::Internal(PANIC)))
+    };
+    // When the caller's signal fired: the cleanup that follows an abort began then, and its
+    // deadline counts from then (the run may take a bounded while to stop, see
+    // `Client::create_process`).
+    let mut aborted_at = None;
+    let run = beside(
+        run,
+        std::pin::pin!(async {
+            abort.aborted().await;
+            Instant::now()
+        }),
+        &mut aborted_at,
+    )
+    .await;
     let sb = params.sandbox_id.as_str();
     match run {
         Ok(mut result) => {
@@ -157,59 +164,74 @@ pub async fn execute(
             Ok(result)
         }
         Err(err) => {
-            let mut steps = Steps::new();
-            let cleanup_ctx = Ctx::cleanup(cfg.cleanup.deadline);
-            // After the command completed, the only error is an unproven leftover cleanup,
-            // already reported: nothing more to end or remove.
-            if progress.completed {
+            // After the command completed, or once a cleanup inside the run gave its verdict,
+            // the error is that verdict: nothing more to end or remove.
+            if facts.settled {
                 return Err(err);
             }
-            let mut files: Vec<&str> = Vec::new();
-            if progress.staged || progress.process_id.is_some() || progress.creation_ambiguous {
-                files.push(&gate_path);
-                files.extend(stdin_path.as_deref());
-            }
-            // The process the verdict is about: ours, or one found behind a lost answer.
-            let mut reported = progress.process_id.clone();
-            let contained = if let Some(pid) = &progress.process_id {
-                cleanup::terminate(&client, sb, pid, &cfg.cleanup, &cleanup_ctx, &mut steps, false)
-                    .await
-                    .map_err(|()| CleanupReason::TerminationUnconfirmed)
-            } else if progress.creation_ambiguous {
-                if cfg.cleanup.legacy {
-                    Err(CleanupReason::CreationUnconfirmed)
-                } else {
-                    cleanup::recover_creation(&client, sb, &gate_path, &cfg.cleanup, &cleanup_ctx, &mut steps)
-                        .await
-                        .map(|_| ())
-                        .map_err(|f| {
-                            reported = f.process_id;
-                            f.reason
-                        })
+            let now = Instant::now();
+            let began = aborted_at.map_or(now, |at| at.min(now));
+            let cleanup_ctx = cleanup_ctx(began, cfg.cleanup.deadline);
+            let mut steps = Steps::new();
+            let contained =
+                cleanup::contain(&client, sb, &gate_path, &mut facts, &cfg.cleanup, &cleanup_ctx, &mut steps).await;
+            let contained = match contained {
+                Ok(c) => c,
+                Err(f) => {
+                    let reported = f.process_id.or(facts.process_id);
+                    return Err(steps.report(f.reason, sb, reported.as_deref()));
                 }
-            } else {
-                Ok(())
             };
-            // Best effort, and never a reason to lose the verdict.
-            let _ =
-                AssertUnwindSafe(cleanup::remove_files(&client, sb, &files, cfg.cleanup.deadline)).catch_unwind().await;
-            if let Err(reason) = contained {
-                return Err(steps.report(reason, sb, reported.as_deref()));
+            // Proven: nothing of this call runs. A staged stdin file is left behind only when
+            // the gate never opened (past it, the script removes the file itself): its content
+            // is cleared after the verdict (housekeeping never delays it), bounded.
+            if let (Some(path), true, false) = (&stdin_path, facts.staged, facts.gate_sent) {
+                spawn_clear(Arc::clone(&client), sb.to_owned(), path.clone(), cfg.cleanup.deadline);
             }
             // Only an abort that ended the run makes the outcome an abort: one that fired
             // during the cleanup never replaces a real error (a gap, an eviction, a panic).
             if err.is_abort() && abort.is_aborted() {
-                return aborted(&abort, output.finish().await, progress.process_id);
+                let tree_exited = (contained == Contained::TreeGone).then_some(true);
+                return aborted(&abort, output.finish().await, facts.process_id, tree_exited);
             }
             Err(err)
         }
     }
 }
 
-/// The outcome of an abort: a timeout is a result, a cancellation an error.
-fn aborted(abort: &Abort, captured: Captured, process_id: Option<String>) -> Result<ExecuteResult> {
+/// A cleanup context whose deadline counts from `began` (the abort, or the error). A run that
+/// took most of that time to stop after the abort still leaves the cleanup [`CLEANUP_FLOOR`]
+/// (or the whole deadline, when shorter) to send its requests: an unproven verdict is never
+/// given without asking.
+fn cleanup_ctx(began: Instant, deadline: Duration) -> Ctx {
+    let mut ctx = Ctx::cleanup(deadline);
+    let floor = Instant::now() + deadline.min(CLEANUP_FLOOR);
+    ctx.deadline = Some((began + deadline).max(floor));
+    ctx
+}
+
+/// See [`cleanup_ctx`].
+const CLEANUP_FLOOR: Duration = Duration::from_millis(500);
+
+/// Clears a staged file after the verdict, in a task of its own under its own short deadline
+/// (see [`cleanup::clear_staged`]); nothing waits for it.
+fn spawn_clear(client: Arc<Client>, sandbox_id: String, path: String, deadline: Duration) {
+    tokio::spawn(async move {
+        let clear = cleanup::clear_staged(&client, &sandbox_id, &path, deadline);
+        let _ = AssertUnwindSafe(clear).catch_unwind().await;
+    });
+}
+
+/// The outcome of an abort: a timeout is a result, a cancellation an error. `tree_exited`:
+/// `Some(true)` when the cleanup proved the tree gone.
+fn aborted(
+    abort: &Abort,
+    captured: Captured,
+    process_id: Option<String>,
+    tree_exited: Option<bool>,
+) -> Result<ExecuteResult> {
     match abort.error() {
-        Error::TimedOut => Ok(ExecuteResult::timed_out(captured, process_id)),
+        Error::TimedOut => Ok(ExecuteResult { tree_exited, ..ExecuteResult::timed_out(captured, process_id) }),
         e => Err(e),
     }
 }
@@ -224,7 +246,7 @@ async fn run_managed(
     gate_path: &str,
     stdin_path: Option<&str>,
     output: &mut Output,
-    progress: &mut Progress,
+    facts: &mut Facts,
 ) -> Result<ExecuteResult> {
     let sb = params.sandbox_id.as_str();
     // 1 ∥ 2: stdin is staged while the process is created. The script opens the staged file
@@ -235,12 +257,13 @@ async fn run_managed(
             _ => Ok(()),
         }
     };
-    progress.staged = stdin_path.is_some();
+    facts.staged = stdin_path.is_some();
     // Ambiguous until the answer says otherwise (a panic in flight leaves it so).
-    progress.creation_ambiguous = true;
+    facts.creation_ambiguous = true;
     let create = async {
-        let started = tokio::time::Instant::now();
-        let r = client.create_process(sb, json!({ "cmd": "/bin/bash", "args": ["-lc", script] }), ctx).await;
+        let started = Instant::now();
+        let body = json!({ "cmd": "/bin/bash", "args": ["-lc", script] });
+        let r = create_process(client, cfg, sb, body, gate_path, ctx).await;
         (r, started.elapsed())
     };
     // The gate's request goes out now, beside the creation, and holds its content until the
@@ -251,18 +274,28 @@ async fn run_managed(
     let mut held = std::pin::pin!(held);
     let mut held_early = None;
     // Both are awaited to the end (never one dropped half-way), so what each did is known.
-    let (staged, ((created, maybe_created), create_rtt)) =
+    let (staged, (created, create_rtt)) =
         beside(async { tokio::join!(stage, create) }, held.as_mut(), &mut held_early).await;
-    progress.creation_ambiguous = maybe_created;
-    let created = created?;
+    let created = match created {
+        Created::Answer(creation) => {
+            facts.creation_ambiguous = creation.maybe_created;
+            creation.result?
+        }
+        Created::Settled(verdict) => {
+            // Lost answers were recovered inside: the verdict (proof, or its failure) is in.
+            facts.creation_ambiguous = false;
+            facts.settled = matches!(verdict, Error::Cleanup(_));
+            return Err(verdict);
+        }
+    };
     let pid = match created.get("process_id").and_then(Value::as_str) {
         Some(id) if client::is_identifier(id) => id.to_owned(),
         _ => {
-            progress.creation_ambiguous = true;
+            facts.creation_ambiguous = true;
             return Err(Error::Protocol(INVALID_RESOURCE_ID));
         }
     };
-    progress.process_id = Some(pid.clone());
+    facts.process_id = Some(pid.clone());
     staged?;
     hooks::panic_at(cfg.panic_at, Phase::Create);
 
@@ -273,22 +306,22 @@ async fn run_managed(
     let followed: Followed = {
         // Polled first by `try_join!`: the connect request goes out before the gate's
         // content can (that waits for the attach, or the fallback after this request started).
-        let following = follow::follow(client, sb, &pid, ctx, &mut sink, &cfg.follow);
+        let following = follow::follow(client, sb, &pid, ctx, &mut sink, &cfg.follow, &mut facts.seen_alive);
         let fallback = create_rtt.clamp(GATE_FALLBACK_MIN, GATE_FALLBACK_MAX);
-        let held = HeldGate { release, upload: held.as_mut(), early: held_early };
+        let held = HeldGate { release, upload: held.as_mut(), early: held_early, sent: &mut facts.gate_sent };
         let gate = open_gate(client, sb, gate_path, ctx, cfg.timeout, fallback, (sending, rx), held);
         let (followed, ()) = tokio::try_join!(following, gate)?;
         followed
     };
-    progress.completed = true;
+    facts.settled = true;
 
     let tree_exited = followed.tree_exited;
     if cfg.leftover == Leftover::Terminate && tree_exited != Some(true) {
         let mut steps = Steps::new();
         let cleanup_ctx = Ctx::cleanup(cfg.cleanup.deadline);
-        // The exit said the tree was alive: a 404 now would be no proof.
-        let seen_alive = tree_exited == Some(false);
-        if cleanup::terminate(client, sb, &pid, &cfg.cleanup, &cleanup_ctx, &mut steps, seen_alive).await.is_err() {
+        // What the follow saw (the exit said the tree was alive): a 404 now is no proof.
+        let seen = &mut facts.seen_alive;
+        if cleanup::terminate(client, sb, &pid, &cfg.cleanup, &cleanup_ctx, &mut steps, seen).await.is_err() {
             return Err(steps.report(CleanupReason::TerminationUnconfirmed, sb, Some(&pid)));
         }
     }
@@ -299,6 +332,51 @@ async fn run_managed(
         tree_exited,
         ..Default::default()
     })
+}
+
+/// How many times a creation whose connection ended before any answer is sent again, once
+/// a conclusive process list proved that nothing of it runs.
+const LOST_CREATION_RETRIES: u32 = 2;
+
+/// What the creation step gave.
+enum Created {
+    /// The answer of the last creation sent (success, or an error with what it may mean).
+    Answer(client::Creation),
+    /// A lost answer was recovered here and could not be retried: this is the call's
+    /// verdict (a cleanup error when the recovery could not prove containment).
+    Settled(Error),
+}
+
+/// Creates the process. A creation lost on a connection that died before any answer (a
+/// pooled connection the server closed as it was reused, typically) is sent again, at most
+/// [`LOST_CREATION_RETRIES`] times and only while the caller's signal has not fired, once the
+/// process list (paged, conclusive) proved that no process of this call runs: its own
+/// cleanup, as for any ambiguous creation, so a second creation never meets a first one
+/// waiting on the same start gate.
+async fn create_process(client: &Client, cfg: &Config, sb: &str, body: Value, gate_path: &str, ctx: &Ctx) -> Created {
+    // The answer is awaited after an abort for at most half the cleanup's deadline: the
+    // other half is for ending what it created, or for finding it in the list.
+    let answer_after_abort = cfg.cleanup.deadline / 2;
+    let mut lost = 0;
+    loop {
+        let creation = client.create_process(sb, body.clone(), ctx, answer_after_abort).await;
+        if !creation.unanswered || lost >= LOST_CREATION_RETRIES || cfg.cleanup.legacy || ctx.abort.is_aborted() {
+            return Created::Answer(creation);
+        }
+        lost += 1;
+        let mut steps = Steps::new();
+        let mut seen_alive = false;
+        let cleanup_ctx = Ctx::cleanup(cfg.cleanup.deadline);
+        let recovered =
+            cleanup::recover_creation(client, sb, gate_path, &cfg.cleanup, &cleanup_ctx, &mut steps, &mut seen_alive)
+                .await;
+        match recovered {
+            Err(f) => return Created::Settled(steps.report(f.reason, sb, f.process_id.as_deref())),
+            // Proven: nothing of this call runs. Sent again unless the caller gave up meanwhile.
+            Ok(_) if ctx.abort.is_aborted() => return Created::Settled(ctx.abort.error()),
+            Ok(_) => {}
+        }
+    }
 }
 
 /// How long after the connect request was started the gate opens when its response headers
@@ -343,6 +421,9 @@ struct HeldGate<'a, G: std::future::Future<Output = HeldUpload>> {
     upload: std::pin::Pin<&'a mut G>,
     /// Its outcome, when it ended before the release (then nothing was written).
     early: Option<HeldUpload>,
+    /// Set once the gate's content may have been sent (by the release or a plain upload):
+    /// from then on the command may have started (see [`Facts::gate_sent`]).
+    sent: &'a mut bool,
 }
 
 /// Opens the start gate once the stream is attached, or `fallback` after the connect request
@@ -388,11 +469,12 @@ async fn open_gate<G: std::future::Future<Output = HeldUpload>>(
         // held upload is abandoned unsent when the caller drops it.
         return Ok(());
     }
-    let gate_ctx = Ctx::with_deadline(ctx.abort.clone(), tokio::time::Instant::now() + timeout);
+    let gate_ctx = Ctx::with_deadline(ctx.abort.clone(), Instant::now() + timeout);
     let outcome = match held.early.take() {
         Some(early) => Ok(early),
         None => {
             // A failed send means the upload already ended: polling it tells how.
+            *held.sent = true;
             let _ = held.release.send(());
             gate_ctx.run(async { Ok(held.upload.as_mut().await) }).await
         }
@@ -408,6 +490,7 @@ async fn open_gate<G: std::future::Future<Output = HeldUpload>>(
             let backoff = if matches!(e, Error::Api { status: 429, .. }) { Duration::ZERO } else { RETRY_BACKOFF };
             match gate_ctx.sleep(backoff).await {
                 Ok(()) => {
+                    *held.sent = true;
                     let (r, m) = client.put_file_after(sb, gate_path, content(), &gate_ctx, 1).await;
                     (r, m || maybe)
                 }
@@ -415,6 +498,7 @@ async fn open_gate<G: std::future::Future<Output = HeldUpload>>(
             }
         }
         Ok(HeldUpload::Unsent { attempted }) => {
+            *held.sent = true;
             client.put_file_after(sb, gate_path, content(), &gate_ctx, u32::from(attempted)).await
         }
         // The deadline or the abort came while the content was on its way.
@@ -445,7 +529,7 @@ pub async fn execute_stream(
     let ctx = Ctx::new(abort.clone());
     let mut output = Output::new(log);
     if abort.is_aborted() {
-        return aborted(&abort, output.finish().await, None);
+        return aborted(&abort, output.finish().await, None, None);
     }
     let script = script::command_script(&params.command(), None)?;
     let run = run_stream(&client, cfg, params, &ctx, &script, &mut output).await;
@@ -460,7 +544,7 @@ pub async fn execute_stream(
                 ..Default::default()
             })
         }
-        Err(_) if abort.is_aborted() => aborted(&abort, output.finish().await, None),
+        Err(_) if abort.is_aborted() => aborted(&abort, output.finish().await, None, None),
         Err(e) => Err(e),
     }
 }
@@ -554,7 +638,9 @@ pub async fn follow_process(
     let ctx = Ctx::new(abort);
     ctx.check()?;
     let mut sink = ChannelSink(events);
-    let followed = follow::follow(&client, sandbox_id, process_id, &ctx, &mut sink, &cfg.follow).await?;
+    let mut seen_alive = false;
+    let followed =
+        follow::follow(&client, sandbox_id, process_id, &ctx, &mut sink, &cfg.follow, &mut seen_alive).await?;
     Ok(followed.exit)
 }
 
@@ -568,6 +654,7 @@ pub async fn destroy_sandbox(cfg: &Config, sandbox_id: &str) -> Result<()> {
         Err(Error::DestroyUnconfirmed(Box::new(crate::error::DestroyReport {
             sandbox_id: sandbox_id.to_owned(),
             attempts: Vec::new(),
+            status: None,
         })))
     })
 }

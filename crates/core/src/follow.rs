@@ -22,6 +22,7 @@
 
 use std::future::Future;
 use std::pin::Pin;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use futures_util::StreamExt;
@@ -107,6 +108,10 @@ enum Attempt {
 }
 
 /// Follows `process_id` until its exit, delivering every output byte exactly once, in order.
+///
+/// `seen_alive` is set when an answer says the tree was alive (an exit frame or the process
+/// record with `tree_exited: false`, a 408 from `wait?scope=tree`), whatever the outcome:
+/// the cleanup that follows an error must know it.
 pub async fn follow(
     client: &Client,
     sandbox_id: &str,
@@ -114,6 +119,29 @@ pub async fn follow(
     ctx: &Ctx,
     sink: &mut impl Sink,
     opts: &FollowOptions,
+    seen_alive: &mut bool,
+) -> Result<Followed> {
+    let seen = AtomicBool::new(*seen_alive);
+    let r = follow_seen(client, sandbox_id, process_id, ctx, sink, opts, &seen).await;
+    *seen_alive = seen.load(Ordering::Relaxed);
+    r
+}
+
+/// Marks the tree as seen alive when `tree_exited` says so.
+fn note(seen: &AtomicBool, tree_exited: Option<bool>) {
+    if tree_exited == Some(false) {
+        seen.store(true, Ordering::Relaxed);
+    }
+}
+
+async fn follow_seen(
+    client: &Client,
+    sandbox_id: &str,
+    process_id: &str,
+    ctx: &Ctx,
+    sink: &mut impl Sink,
+    opts: &FollowOptions,
+    seen: &AtomicBool,
 ) -> Result<Followed> {
     let base = process_path(sandbox_id, process_id);
     let mut cursor: u64 = 0;
@@ -145,7 +173,8 @@ pub async fn follow(
         }
         let opened = match outcome? {
             Attempt::Exit(exit) => {
-                let (done, newest) = complete(client, &base, exit, ctx).await?;
+                note(seen, exit.tree_exited);
+                let (done, newest) = complete(client, &base, exit, ctx, seen).await?;
                 if newest < cursor {
                     return Err(Error::Protocol(JOURNAL_INVALID));
                 }
@@ -205,7 +234,7 @@ pub async fn follow(
             if !opened {
                 return Err(Error::Protocol(CONNECTION_FAILED));
             }
-            waiting = Some(Box::pin(recover_exit(client, &base, ctx, opts)));
+            waiting = Some(Box::pin(recover_exit(client, &base, ctx, opts, seen)));
             failures = 0;
         }
         ctx.sleep(opts.reconnect_delay).await?;
@@ -255,12 +284,19 @@ struct ExitFrame {
 
 /// The exit and the journal's last seq: from the frame, or (when the frame does not carry
 /// `newest_seq`) from the process record, which also fills a missing `tree_exited`.
-async fn complete(client: &Client, base: &str, frame: ExitFrame, ctx: &Ctx) -> Result<(Followed, u64)> {
+async fn complete(
+    client: &Client,
+    base: &str,
+    frame: ExitFrame,
+    ctx: &Ctx,
+    seen: &AtomicBool,
+) -> Result<(Followed, u64)> {
     let followed = |tree_exited| Followed { exit: frame.exit.clone(), tree_exited };
     if let Some(newest) = frame.newest_seq {
         return Ok((followed(frame.tree_exited), newest));
     }
     let record = client.json(Operation::ProcessStatus, Method::GET, base, None, ctx).await?;
+    note(seen, record.get("tree_exited").and_then(Value::as_bool));
     let newest = newest_seq(&record).ok_or(Error::Protocol(JOURNAL_INVALID))?;
     let tree_exited = frame.tree_exited.or_else(|| record.get("tree_exited").and_then(Value::as_bool));
     Ok((followed(tree_exited), newest))
@@ -352,17 +388,31 @@ async fn handle_line(line: &[u8], cursor: &mut u64, sink: &mut impl Sink) -> Res
 
 /// Long-polls `wait?scope=tree` (408 = still running, ask again; bounded) and returns the
 /// exit and the journal's `newest_seq`.
-async fn recover_exit(client: &Client, base: &str, ctx: &Ctx, opts: &FollowOptions) -> Result<(Followed, u64)> {
+async fn recover_exit(
+    client: &Client,
+    base: &str,
+    ctx: &Ctx,
+    opts: &FollowOptions,
+    seen: &AtomicBool,
+) -> Result<(Followed, u64)> {
     let path = format!("{base}/wait?scope=tree&timeout_ms={}", opts.wait_timeout_ms);
     let timeout = Duration::from_millis(opts.wait_timeout_ms).saturating_add(opts.request_timeout);
     let mut polls = 0;
     let data = loop {
         match client.json_with(Operation::ProcessStatus, Method::GET, &path, None, ctx, Retry::Safe, timeout).await {
             Ok(d) => break d,
-            Err(Error::Api { status: 408, .. }) if polls < opts.max_wait_polls => polls += 1,
+            Err(e @ Error::Api { status: 408, .. }) => {
+                // Still running: the tree was alive.
+                seen.store(true, Ordering::Relaxed);
+                if polls >= opts.max_wait_polls {
+                    return Err(e);
+                }
+                polls += 1;
+            }
             Err(e) => return Err(e),
         }
     };
+    note(seen, data.get("tree_exited").and_then(Value::as_bool));
     let newest = newest_seq(&data).ok_or(Error::Protocol(JOURNAL_INVALID))?;
     let exit =
         stream::exit_status(data.get("exit_code").unwrap_or(&Value::Null), data.get("signal").unwrap_or(&Value::Null))?;

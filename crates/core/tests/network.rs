@@ -99,7 +99,7 @@ async fn held_headers_do_not_hold_the_command_until_a_heartbeat() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_gate_that_cannot_be_opened_is_not_started_and_the_process_is_ended() {
-    for status in [500, 429] {
+    for status in [403, 429] {
         with_emulator(unlimited(), |emu| async move {
             let sb = emu.create_sandbox_now();
             // The stdin upload (the first putFile) passes; every gate upload fails.

@@ -7,7 +7,10 @@ use serde::Deserialize;
 #[derive(Clone, Debug, Deserialize)]
 #[serde(rename_all = "camelCase")]
 pub struct FaultRule {
-    /// Route name (see [`super::RequestRecord::route`]); `None` = any route the action applies to.
+    /// Route name (see [`super::RequestRecord::route`]), one of [`ROUTES`] (any other is an
+    /// error: a misspelled route would never match, silently); `None` = any route the action
+    /// applies to.
+    #[serde(default, deserialize_with = "known_route")]
     pub route: Option<String>,
     /// HTTP method (case-insensitive); `None` = any.
     pub method: Option<String>,
@@ -26,13 +29,24 @@ impl FaultRule {
     }
 }
 
+fn known_route<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Option<String>, D::Error> {
+    let route = Option::<String>::deserialize(d)?;
+    match &route {
+        Some(r) if !ROUTES.contains(&r.as_str()) => {
+            Err(serde::de::Error::custom(format!("unknown route `{r}` (known: {})", ROUTES.join(", "))))
+        }
+        _ => Ok(route),
+    }
+}
+
 /// What a matching rule does. Tagged by `kind` (camelCase variant name). Field names are
 /// snake_case; camelCase aliases (`afterHandler`, `afterFrames`, `frameBytes`) are accepted too.
 #[derive(Clone, Debug, Deserialize)]
 #[serde(tag = "kind", rename_all = "camelCase")]
 pub enum FaultAction {
     /// Answer `status` (JSend body carrying the fake secret `secret-body-token`); with
-    /// `after_handler` the real handler runs first and its answer is discarded. A 429 or 503
+    /// `after_handler` the real handler runs first and its answer is discarded (on `putFile`,
+    /// a write-then-500: the file is written, then 500 is answered). A 429 or 503
     /// carries `Retry-After: 1`, or `retry_after` verbatim (any text: a huge HTTP-date, a
     /// malformed one, an absurd number) when given.
     Status {
@@ -92,9 +106,39 @@ pub enum FaultAction {
     /// Answer `tree_exited:false` at once and really SIGKILL the tree `ms` later.
     TreeExitsAfter { ms: u64 },
     // ---- list faults (route `listProcesses`) ----
-    /// Serve at most `limit` processes per page, whatever the client asks for.
-    PageSize { limit: usize },
+    /// Serve at most `limit` processes per page, whatever the client asks for. With
+    /// `no_total` the page's `pagination` has no `total` and echoes the asked `limit`, as a
+    /// server that caps its pages without saying so.
+    PageSize {
+        limit: usize,
+        #[serde(default, alias = "noTotal")]
+        no_total: bool,
+    },
+    /// Ignore `offset`: every page is served from the start (the same page again).
+    IgnoreOffset,
 }
+
+/// The route names a rule may name (see [`super::RequestRecord::route`]).
+pub const ROUTES: &[&str] = &[
+    "whoami",
+    "createSandbox",
+    "getSandbox",
+    "deleteSandbox",
+    "putFile",
+    "getFile",
+    "exec",
+    "execStream",
+    "createProcess",
+    "listProcesses",
+    "getProcess",
+    "deleteProcess",
+    "connect",
+    "input",
+    "stdinClose",
+    "signal",
+    "wait",
+    "unknown",
+];
 
 impl FaultAction {
     pub(crate) fn applies_to(&self, route: &str) -> bool {
@@ -113,7 +157,7 @@ impl FaultAction {
             | HeartbeatsOnly { .. }
             | FastStream { .. } => route == "connect",
             TreeExitedFalse | TreeExitsAfter { .. } => route == "deleteProcess",
-            PageSize { .. } => route == "listProcesses",
+            PageSize { .. } | IgnoreOffset => route == "listProcesses",
         }
     }
 }
@@ -150,6 +194,10 @@ pub(crate) struct Fired {
     pub delete: DeleteFaults,
     /// Page size cap of a process list.
     pub page_size: Option<usize>,
+    /// A capped list page says nothing of its total (see [`FaultAction::PageSize`]).
+    pub no_total: bool,
+    /// A process list ignores `offset`.
+    pub ignore_offset: bool,
 }
 
 pub(crate) fn evaluate(slots: &mut [super::FaultSlot], route: &str, method: &str) -> Fired {
@@ -200,8 +248,39 @@ pub(crate) fn evaluate(slots: &mut [super::FaultSlot], route: &str, method: &str
             FastStream { mib, frame_bytes } => s.fast = Some((*mib, (*frame_bytes).max(1))),
             TreeExitedFalse => fired.delete.tree_exited_false = true,
             TreeExitsAfter { ms } => fired.delete.tree_exits_after = Some(*ms),
-            PageSize { limit } => fired.page_size = Some((*limit).max(1)),
+            PageSize { limit, no_total } => {
+                fired.page_size = Some((*limit).max(1));
+                fired.no_total |= *no_total;
+            }
+            IgnoreOffset => fired.ignore_offset = true,
         }
     }
     fired
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn an_unknown_route_is_refused_and_the_list_faults_parse() {
+        let e = FaultRule::from_json(r#"{"route":"createProces","action":{"kind":"delay","ms":1}}"#).unwrap_err();
+        assert!(e.to_string().contains("unknown route `createProces`"), "{e}");
+        let v = serde_json::json!({"route":"nope","action":{"kind":"delay","ms":1}});
+        assert!(serde_json::from_value::<FaultRule>(v).is_err(), "the binding's path refuses it too");
+        for route in ROUTES {
+            let rule = format!(r#"{{"route":"{route}","action":{{"kind":"delay","ms":1}}}}"#);
+            FaultRule::from_json(&rule).unwrap();
+        }
+        let r =
+            FaultRule::from_json(r#"{"route":"listProcesses","action":{"kind":"pageSize","limit":2,"noTotal":true}}"#)
+                .unwrap();
+        assert!(matches!(r.action, FaultAction::PageSize { limit: 2, no_total: true }));
+        let r2 = FaultRule::from_json(r#"{"route":"listProcesses","action":{"kind":"ignoreOffset"}}"#).unwrap();
+        let mut slots =
+            vec![super::super::FaultSlot { rule: r, seen: 0 }, super::super::FaultSlot { rule: r2, seen: 0 }];
+        let fired = evaluate(&mut slots, "listProcesses", "GET");
+        assert_eq!((fired.page_size, fired.no_total, fired.ignore_offset), (Some(2), true, true));
+        assert!(!evaluate(&mut slots, "connect", "GET").ignore_offset);
+    }
 }

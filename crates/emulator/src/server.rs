@@ -441,11 +441,18 @@ fn list_processes(sb: &Sandbox, query: &HashMap<String, String>, fired: &Fired) 
             s.parse::<usize>().map_err(|_| fail(StatusCode::BAD_REQUEST, json!({k: "must be a non-negative integer"})))
         }
     };
-    let limit = tri!(number("limit", LIST_DEFAULT)).clamp(1, LIST_MAX).min(fired.page_size.unwrap_or(usize::MAX));
+    let asked = tri!(number("limit", LIST_DEFAULT)).clamp(1, LIST_MAX);
+    let limit = asked.min(fired.page_size.unwrap_or(usize::MAX));
     let offset = tri!(number("offset", 0));
+    // A faulty server may serve every page from the start.
+    let from = if fired.ignore_offset { 0 } else { offset };
     let procs = sb.procs.lock().unwrap();
-    let page: Vec<Value> = procs.iter().skip(offset).take(limit).map(|p| p.to_json()).collect();
-    let pagination = json!({"total": procs.len(), "limit": limit, "offset": offset, "count": page.len()});
+    let page: Vec<Value> = procs.iter().skip(from).take(limit).map(|p| p.to_json()).collect();
+    let pagination = if fired.no_total {
+        json!({"limit": asked, "offset": offset, "count": page.len()})
+    } else {
+        json!({"total": procs.len(), "limit": limit, "offset": offset, "count": page.len()})
+    };
     ok(StatusCode::OK, json!({"processes": page, "pagination": pagination}))
 }
 
