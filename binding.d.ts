@@ -87,7 +87,7 @@ export interface NativeError {
   message: string
   /** `kind: 'error'` with a code of its own (`CREATEOS_TLS_UNTRUSTED`, `CREATEOS_NOT_STARTED`, ...). */
   code: string | null
-  /** `kind: 'api'`: the HTTP status. */
+  /** `kind: 'api'`: the HTTP status; `kind: 'destroy'`: the status of a final refusal (401…). */
   status: number | null
   /** `kind: 'cleanup'`. */
   reason: 'creation-unconfirmed' | 'termination-unconfirmed' | null | null
