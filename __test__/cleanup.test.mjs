@@ -6,24 +6,12 @@ import { existsSync } from 'node:fs'
 import {
   lib, kinds, kindOf, queryOf, bashParams, rejection, putPaths, sleep,
   TERMINATION_UNCONFIRMED, CREATION_UNCONFIRMED, assertNoSecrets,
-  useEmulator
-} from './helpers.mjs'
+  useEmulator, endLeftovers } from './helpers.mjs'
 
 const { execute, CreateosCleanupError, CreateosApiError, isCreateosCleanupError, destroySandbox } = lib
 let ctx
 let sandbox
 useEmulator(import.meta.url, (c) => { ctx = c; sandbox = c.sandbox() })
-
-/** Ends what a stubborn-tree fault deliberately left alive, so later tests start clean. */
-async function killLeftovers() {
-  ctx.emu.clearFaults()
-  for (const pid of ctx.emu.livePids()) {
-    try { process.kill(pid, 'SIGKILL') } catch {}
-  }
-  const end = Date.now() + 5000
-  while (ctx.emu.livePids().length && Date.now() < end) await sleep(20)
-  assert.deepEqual(ctx.emu.livePids(), [])
-}
 
 function deletes() {
   return ctx.requests().filter((r) => kindOf(r) === 'deleteProcess')
@@ -74,7 +62,7 @@ test('DELETE answering tree_exited:false for good → CreateosCleanupError after
   assert.ok(del.length >= 2, 'DELETE was retried with an escalated grace')
   assert.ok(del.slice(1).some((d) => Number(queryOf(d).get('grace_ms')) > 1000))
   assertNoSecrets(error, [ctx.apiKey, ctx.url, 'secret-body-token'])
-  await killLeftovers()
+  await endLeftovers(ctx.emu)
 })
 
 test('legacyCleanup: one DELETE, tree_exited:false → the error at once (the TypeScript module)', async () => {
@@ -82,7 +70,7 @@ test('legacyCleanup: one DELETE, tree_exited:false → the error at once (the Ty
   const error = await rejection(execute(ctx.client({ legacyCleanup: true }), bashParams(sandbox, 'sleep 60'), AbortSignal.timeout(500)))
   assert.equal(error.message, TERMINATION_UNCONFIRMED)
   assert.equal(deletes().length, 1)
-  await killLeftovers()
+  await endLeftovers(ctx.emu)
 })
 
 test('a tree that exits 500 ms after DELETE answered false → no error', async () => {
@@ -142,7 +130,7 @@ test('POST /processes with no response and the list failing → creation-unconfi
   assert.equal(error.sandboxId, sandbox)
   assertNoSecrets(error, [ctx.apiKey, ctx.url, 'secret-body-token'])
   // Containment is unproven here on purpose: the process is (gated and) alive.
-  await killLeftovers()
+  await endLeftovers(ctx.emu)
   // The host's reaction: destroy the lease (404 counts as success).
   ctx.emu.clearFaults()
   const sb2 = ctx.sandbox()

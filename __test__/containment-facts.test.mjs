@@ -4,22 +4,11 @@
 // status, and a fault rule with an unknown route is refused.
 import { test } from 'node:test'
 import assert from 'node:assert/strict'
-import { lib, kinds, bashParams, rejection, sleep, useEmulator, TERMINATION_UNCONFIRMED } from './helpers.mjs'
+import { lib, kinds, bashParams, rejection, sleep, useEmulator, TERMINATION_UNCONFIRMED, endLeftovers } from './helpers.mjs'
 
 const { execute, CreateosCleanupError, CreateosApiError, destroySandbox } = lib
 let ctx
 useEmulator(import.meta.url, (c) => { ctx = c })
-
-/** Ends what a fault deliberately left alive (faults cleared first). */
-async function endLeftovers() {
-  ctx.emu.clearFaults()
-  for (const pid of ctx.emu.livePids()) {
-    try { process.kill(pid, 'SIGKILL') } catch {}
-  }
-  const end = Date.now() + 5000
-  while (ctx.emu.livePids().length && Date.now() < end) await sleep(20)
-  assert.deepEqual(ctx.emu.livePids(), [])
-}
 
 /** Runs `promise`; resolves its outcome and how long after `abortAt` (ms since epoch) it settled. */
 async function settle(promise, abortAt) {
@@ -44,7 +33,7 @@ test('DELETE and wait answering 503 with a hanging file removal: the verdict wit
   await sleep(200)
   assert.equal(kinds(ctx.requests()).includes('exec'), false, 'no removal while the process may still read its files')
   assert.ok(ctx.emu.livePids().length > 0, 'the error was right: the process is alive')
-  await endLeftovers()
+  await endLeftovers(ctx.emu)
 })
 
 test('a timeout whose tree was ended and proven gone reports treeExited: true', async () => {
@@ -66,7 +55,7 @@ test('an exit frame that said alive makes a later 404 no proof (tail lost, repla
   assert.equal(error.reason, 'termination-unconfirmed')
   assert.deepEqual(error.attempts.map((a) => [a.step, a.outcome]), [['delete', 'HTTP 404 after alive']])
   assert.ok(ctx.emu.livePids().length > 0, 'the error was right: sleep 300 is alive')
-  await endLeftovers()
+  await endLeftovers(ctx.emu)
 })
 
 test('a start gate written and then answered 500 is the API error, never CREATEOS_NOT_STARTED', async () => {

@@ -311,3 +311,43 @@ export function assertNoSecrets(error, secrets) {
 export function bashParams(sandboxId, script, extra = {}) {
   return { lease: { providerLeaseId: sandboxId }, command: '/bin/bash', args: ['-c', script], ...extra }
 }
+
+/** Ends what a fault deliberately left alive (the emulator's faults cleared first), so later
+ * tests start clean; fails when something is still alive 5 s later. */
+export async function endLeftovers(emu) {
+  emu.clearFaults()
+  for (const pid of emu.livePids()) {
+    try { process.kill(pid, 'SIGKILL') } catch {}
+  }
+  const end = Date.now() + 5000
+  while (emu.livePids().length && Date.now() < end) await sleep(20)
+  assert.deepEqual(emu.livePids(), [])
+}
+
+/** The command line of a live process, spaces between its arguments ('' once it is gone). */
+export function cmdline(pid) {
+  try { return readFileSync(`/proc/${pid}/cmdline`, 'utf8').replace(/\0/g, ' ').trim() } catch { return '' }
+}
+
+/**
+ * The saturation scenario's victim (`sh -c 'echo partial; exec sleep 30'` under a timeout of
+ * `timeoutMs`, started at `started`): finds its `sleep 30` alive while it runs, then checks it
+ * resolved `timedOut` with `partial\n`, settled within 5 s of its timeout, and that the process
+ * is gone when it settled. `victim` resolves `{ r, at }` or `{ e, at }`.
+ */
+export async function assertVictimContained(emu, victim, started, timeoutMs) {
+  let victimPid = null
+  while (victimPid === null && Date.now() < started + timeoutMs) {
+    victimPid = emu.livePids().find((pid) => cmdline(pid) === 'sleep 30') ?? null
+    if (victimPid === null) await sleep(25)
+  }
+  assert.ok(victimPid !== null, 'the victim\'s sleep 30 was seen alive')
+  const v = await victim
+  assert.equal(v.e, undefined, `the victim rejected: ${v.e && v.e.stack}`)
+  assert.equal(v.r.timedOut, true)
+  assert.equal(v.r.stdout, 'partial\n')
+  const afterTimeout = v.at - (started + timeoutMs)
+  assert.ok(afterTimeout < 5000, `the victim settled ${afterTimeout} ms after its timeout`)
+  assert.ok(!emu.livePids().includes(victimPid), 'the victim\'s process is gone when the call settles')
+  return { victimPid, afterTimeout }
+}

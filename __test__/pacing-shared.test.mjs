@@ -324,8 +324,7 @@ test('Redis killed mid-run: the local budget takes over with one warning per pro
 })
 
 test('a cleanup in one process goes ahead of the new work other processes queued in the shared store', { timeout: 120_000 }, async () => {
-  const { lib, kindOf } = await import('./helpers.mjs')
-  const { readFileSync } = await import('node:fs')
+  const { lib, kindOf, assertVictimContained } = await import('./helpers.mjs')
   const redis = await startRedis()
   const ctx = await startEmu({ rateLimitPerMinute: null })
   cleanups.push(() => ctx.close(fileURLToPath(import.meta.url)))
@@ -341,21 +340,7 @@ test('a cleanup in one process goes ahead of the new work other processes queued
   const others = Array.from({ length: 3 }, () => runNode([CHILD, JSON.stringify({
     url: ctx.url, apiKey: ctx.apiKey, sandboxes: [ctx.sandbox()], commands: 10, concurrency: 10, deadlineMs: 60_000, pacing,
   })], baseEnv(), 90_000))
-  let victimPid = null
-  while (victimPid === null && Date.now() < started + timeoutMs) {
-    victimPid = ctx.emu.livePids().find((pid) => {
-      try { return readFileSync(`/proc/${pid}/cmdline`, 'utf8').replace(/\0/g, ' ').trim() === 'sleep 30' } catch { return false }
-    }) ?? null
-    if (victimPid === null) await sleep(25)
-  }
-  assert.ok(victimPid !== null, 'the victim\'s sleep 30 was seen alive')
-  const v = await victim
-  assert.equal(v.e, undefined, `the victim rejected: ${v.e && v.e.stack}`)
-  assert.equal(v.r.timedOut, true)
-  assert.equal(v.r.stdout, 'partial\n')
-  const afterTimeout = v.at - (started + timeoutMs)
-  assert.ok(afterTimeout < 5000, `the victim settled ${afterTimeout} ms after its timeout`)
-  assert.ok(!ctx.emu.livePids().includes(victimPid), 'the victim\'s process is gone when the call settles')
+  const { afterTimeout } = await assertVictimContained(ctx.emu, victim, started, timeoutMs)
   const rs = await Promise.all(others)
   assert.deepEqual(rs.map((r) => [r.ok, r.failed, r.wrong]), [[10, [], 0], [10, [], 0], [10, [], 0]])
   const log = ctx.requests().slice().sort((a, b) => a.atMs - b.atMs)

@@ -4,8 +4,7 @@
 // queue (or at the cleanup deadline), and the new work still completes.
 import { test } from 'node:test'
 import assert from 'node:assert/strict'
-import { readFileSync } from 'node:fs'
-import { lib, kindOf, sleep, useEmulator } from './helpers.mjs'
+import { lib, kindOf, sleep, useEmulator, assertVictimContained } from './helpers.mjs'
 
 const { execute } = lib
 let ctx
@@ -14,10 +13,6 @@ useEmulator(import.meta.url, (c) => { ctx = c; sandbox = c.sandbox() })
 
 const PACING = { limit: 10, windowMs: 2000, key: `saturation-${process.pid}` }
 const ECHOS = 30
-
-function cmdline(pid) {
-  try { return readFileSync(`/proc/${pid}/cmdline`, 'utf8').replace(/\0/g, ' ').trim() } catch { return '' }
-}
 
 test('a timed-out command is cleaned up ahead of queued new work at a saturated budget', async () => {
   const client = ctx.client({ timeoutMs: 8000, pacing: PACING })
@@ -33,22 +28,7 @@ test('a timed-out command is cleaned up ahead of queued new work at a saturated 
     echos.push(execute(client, { lease: { providerLeaseId: sandbox }, command: 'echo', args: [`e${i}`] })
       .then((r) => ({ r }), (e) => ({ e })))
   }
-  // The victim's process, as the emulator sees it, while it runs.
-  let victimPid = null
-  const findBy = Date.now() + timeoutMs
-  while (victimPid === null && Date.now() < findBy) {
-    victimPid = ctx.emu.livePids().find((pid) => cmdline(pid) === 'sleep 30') ?? null
-    if (victimPid === null) await sleep(25)
-  }
-  assert.ok(victimPid !== null, 'the victim\'s sleep 30 was seen alive')
-
-  const v = await victim
-  assert.equal(v.e, undefined, `the victim rejected: ${v.e && v.e.stack}`)
-  assert.equal(v.r.timedOut, true)
-  assert.equal(v.r.stdout, 'partial\n')
-  const settledAfterTimeout = v.at - (started + timeoutMs)
-  assert.ok(settledAfterTimeout < 5000, `the victim settled ${settledAfterTimeout} ms after its timeout`)
-  assert.ok(!ctx.emu.livePids().includes(victimPid), 'the victim\'s process is gone when the call settles')
+  const { afterTimeout: settledAfterTimeout } = await assertVictimContained(ctx.emu, victim, started, timeoutMs)
 
   const results = await Promise.all(echos)
   results.forEach(({ r, e }, i) => {

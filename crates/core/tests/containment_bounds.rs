@@ -6,15 +6,13 @@ mod support;
 
 use std::time::{Duration, Instant};
 
-use createos_execute_core::abort::{Abort, Ctx};
-use createos_execute_core::config::Config;
-use createos_execute_core::error::{CleanupReason, Error, Operation};
+use createos_execute_core::abort::Abort;
+use createos_execute_core::error::{CleanupReason, Error};
 use createos_execute_core::execute::{self, execute, FollowEvent};
 use createos_execute_core::follow::SEQUENCE_GAP;
 use createos_test_support::{assert_nothing_alive, unlimited, with_emulator, Emulator, EmulatorOptions};
-use reqwest::Method;
 use serde_json::json;
-use support::{cfg, count, fault, params, timed_out_run};
+use support::{cfg, count, fault, params, start_process, timed_out_run};
 
 /// `METHOD route query status` of every request of `route`.
 fn of(emu: &Emulator, route: &str) -> Vec<String> {
@@ -23,18 +21,6 @@ fn of(emu: &Emulator, route: &str) -> Vec<String> {
         .filter(|r| r.route == route)
         .map(|r| format!("{} {} {} {}", r.method, r.route, r.query, r.status))
         .collect()
-}
-
-/// Starts `/bin/sleep 30` as a managed process the way a host would; returns its id.
-async fn start_process(c: &Config, sb: &str, cmd: &str, args: serde_json::Value) -> String {
-    let client = c.client().unwrap();
-    let ctx = Ctx::cleanup(Duration::from_secs(5));
-    let body = json!({ "cmd": cmd, "args": args });
-    let d = client
-        .json(Operation::ProcessCreation, Method::POST, &format!("/sandboxes/{sb}/processes"), Some(body), &ctx)
-        .await
-        .unwrap();
-    d["process_id"].as_str().unwrap().to_owned()
 }
 
 // ---------------------------------------------------------------- panic safety, Retry-After

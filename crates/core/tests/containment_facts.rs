@@ -17,7 +17,7 @@ use createos_execute_core::execute::{self, execute};
 use createos_test_support::{assert_nothing_alive, unlimited, with_emulator, Emulator};
 use reqwest::Method;
 use serde_json::json;
-use support::{cfg, count, fault, params, timed_out_run};
+use support::{cfg, count, fault, params, start_process, timed_out_run};
 
 /// `METHOD route status` of every request that arrived in full, in the order received; the
 /// query too for DELETE and wait.
@@ -30,18 +30,6 @@ fn log(emu: &Emulator) -> Vec<String> {
             _ => format!("{} {} {}", r.method, r.route, r.status),
         })
         .collect()
-}
-
-/// Starts a process the way a host would; returns its id.
-async fn start_process(c: &Config, sb: &str, cmd: &str, args: serde_json::Value) -> String {
-    let client = c.client().unwrap();
-    let ctx = Ctx::cleanup(Duration::from_secs(5));
-    let body = json!({ "cmd": cmd, "args": args });
-    let d = client
-        .json(Operation::ProcessCreation, Method::POST, &format!("/sandboxes/{sb}/processes"), Some(body), &ctx)
-        .await
-        .unwrap();
-    d["process_id"].as_str().unwrap().to_owned()
 }
 
 /// Ends every process of `sb` the emulator knows (faults cleared first), and checks that

@@ -4,11 +4,12 @@
 
 use std::time::Duration;
 
-use createos_execute_core::abort::Abort;
+use createos_execute_core::abort::{Abort, Ctx};
 use createos_execute_core::config::{parse_config, parse_params, Config, Params};
-use createos_execute_core::error::Error;
+use createos_execute_core::error::{Error, Operation};
 use createos_execute_core::execute::{execute, ExecuteResult};
 use createos_test_support::{Emulator, FaultRule};
+use reqwest::Method;
 use serde_json::json;
 
 /// A config for `emu`: its URL and key, an 8 s request deadline, no pacing, plus `extra`.
@@ -44,4 +45,16 @@ pub async fn timed_out_run(c: &Config, sb: &str, script: &str, after: Duration) 
         a.abort(true);
     });
     execute(c, &params(sb, script), abort, None).await
+}
+
+/// Starts `cmd args` as a managed process the way a host would (no gate); returns its id.
+pub async fn start_process(c: &Config, sb: &str, cmd: &str, args: serde_json::Value) -> String {
+    let client = c.client().unwrap();
+    let ctx = Ctx::cleanup(Duration::from_secs(5));
+    let body = json!({ "cmd": cmd, "args": args });
+    let d = client
+        .json(Operation::ProcessCreation, Method::POST, &format!("/sandboxes/{sb}/processes"), Some(body), &ctx)
+        .await
+        .unwrap();
+    d["process_id"].as_str().unwrap().to_owned()
 }
