@@ -2,6 +2,7 @@
 // does (`require('createos-execute')` → ../index.js) and talk to the real
 // emulator over 127.0.0.1; nothing here mocks fetch or the binding.
 import { createRequire } from 'node:module'
+import { spawn } from 'node:child_process'
 import { mkdirSync, readFileSync, writeFileSync, existsSync, readdirSync } from 'node:fs'
 import { tmpdir } from 'node:os'
 import { join, basename, dirname } from 'node:path'
@@ -350,4 +351,38 @@ export async function assertVictimContained(emu, victim, started, timeoutMs) {
   assert.ok(afterTimeout < 5000, `the victim settled ${afterTimeout} ms after its timeout`)
   assert.ok(!emu.livePids().includes(victimPid), 'the victim\'s process is gone when the call settles')
   return { victimPid, afterTimeout }
+}
+
+/** Every variable that steers proxies or trust: a child of `netChild` starts without them. */
+export const PROXY_VARS = Object.freeze(['HTTP_PROXY', 'http_proxy', 'HTTPS_PROXY', 'https_proxy', 'ALL_PROXY', 'all_proxy',
+  'NO_PROXY', 'no_proxy', 'NODE_USE_ENV_PROXY', 'NODE_EXTRA_CA_CERTS', 'NODE_USE_SYSTEM_CA', 'NODE_OPTIONS'])
+
+/**
+ * Runs one `execute` in a child `bin [...nodeArgs] __test__/net-child.cjs` whose environment has
+ * none of PROXY_VARS but those in `env`; resolves what the child printed (JSON). The child is
+ * SIGKILLed after 30 s.
+ */
+export function netChild(client, params, env, { bin = process.execPath, nodeArgs = [] } = {}) {
+  const base = { ...process.env }
+  for (const k of PROXY_VARS) delete base[k]
+  return new Promise((resolve, reject) => {
+    const child = spawn(bin, [...nodeArgs, join(ROOT, '__test__', 'net-child.cjs'), JSON.stringify({ client, params })], {
+      env: { ...base, ...env },
+      stdio: ['ignore', 'pipe', 'pipe'],
+    })
+    let out = ''
+    let err = ''
+    child.stdout.on('data', (c) => { out += c })
+    child.stderr.on('data', (c) => { err += c })
+    const timer = setTimeout(() => child.kill('SIGKILL'), 30_000)
+    child.on('error', reject)
+    child.on('exit', (code) => {
+      clearTimeout(timer)
+      try {
+        resolve(JSON.parse(out))
+      } catch {
+        reject(new Error(`child exited ${code} without a result: ${err.slice(0, 2000)}`))
+      }
+    })
+  })
 }

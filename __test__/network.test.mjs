@@ -5,23 +5,19 @@
 // emulator saw (its request log) as well as on the result.
 import { test, after } from 'node:test'
 import assert from 'node:assert/strict'
-import { spawn } from 'node:child_process'
 import http from 'node:http'
 import net from 'node:net'
 import { mkdtempSync, writeFileSync, rmSync } from 'node:fs'
 import { tmpdir } from 'node:os'
-import { join, dirname } from 'node:path'
+import { join } from 'node:path'
 import { fileURLToPath } from 'node:url'
-import { lib, startEmu, kinds, rejection, assertNoSecrets, bashParams } from './helpers.mjs'
+import { lib, startEmu, kinds, rejection, assertNoSecrets, bashParams, netChild } from './helpers.mjs'
 
 const FILE = fileURLToPath(import.meta.url)
-const CHILD = join(dirname(FILE), 'net-child.cjs')
 const { execute } = lib
 
 const UNTRUSTED = 'CreateOS TLS certificate is not trusted.'
 const NOT_STARTED = 'CreateOS command did not start; its start gate could not be opened.'
-const PROXY_VARS = ['HTTP_PROXY', 'http_proxy', 'HTTPS_PROXY', 'https_proxy', 'ALL_PROXY', 'all_proxy', 'NO_PROXY', 'no_proxy',
-  'NODE_USE_ENV_PROXY', 'NODE_EXTRA_CA_CERTS', 'NODE_USE_SYSTEM_CA']
 
 const emus = []
 async function emulator(options = {}) {
@@ -35,32 +31,6 @@ after(async () => {
 
 const tmp = mkdtempSync(join(tmpdir(), 'createos-net-test-'))
 after(() => rmSync(tmp, { recursive: true, force: true }))
-
-/** Runs one execute in a child node process with `env` on top of a proxy-free environment. */
-function inChild(client, params, env) {
-  const base = { ...process.env }
-  for (const k of PROXY_VARS) delete base[k]
-  return new Promise((resolve, reject) => {
-    const child = spawn(process.execPath, [CHILD, JSON.stringify({ client, params })], {
-      env: { ...base, ...env },
-      stdio: ['ignore', 'pipe', 'pipe'],
-    })
-    let out = ''
-    let err = ''
-    child.stdout.on('data', (c) => { out += c })
-    child.stderr.on('data', (c) => { err += c })
-    const timer = setTimeout(() => child.kill('SIGKILL'), 30_000)
-    child.on('error', reject)
-    child.on('exit', (code) => {
-      clearTimeout(timer)
-      try {
-        resolve(JSON.parse(out))
-      } catch {
-        reject(new Error(`child exited ${code} without a result: ${err.slice(0, 2000)}`))
-      }
-    })
-  })
-}
 
 /** A loopback port with nothing listening on it. */
 async function closedPort() {
@@ -131,7 +101,7 @@ test('a dead proxy in every proxy variable changes nothing, with and without NOD
   }
   for (const extra of [{}, { NODE_USE_ENV_PROXY: '1' }]) {
     ctx.reset()
-    const out = await inChild(emuClient(ctx), bashParams(sb, 'echo through; cat', { stdin: 'in\n' }), { ...env, ...extra })
+    const out = await netChild(emuClient(ctx), bashParams(sb, 'echo through; cat', { stdin: 'in\n' }), { ...env, ...extra })
     assert.equal(out.ok, true, JSON.stringify(out))
     assert.equal(out.result.exitCode, 0)
     assert.equal(out.result.stdout, 'through\nin\n')
@@ -150,7 +120,7 @@ test('NODE_USE_ENV_PROXY=1: HTTPS goes through the proxy as CONNECT, and the key
     const caFile = join(tmp, 'ca-proxy.pem')
     writeFileSync(caFile, ctx.emu.caPem)
     const client = emuClient(ctx, { apiUrl: `https://createos.test:${port}` })
-    const out = await inChild(client, bashParams(sb, 'echo proxied'), {
+    const out = await netChild(client, bashParams(sb, 'echo proxied'), {
       NODE_USE_ENV_PROXY: '1', HTTPS_PROXY: proxy.url, NO_PROXY: 'localhost,127.0.0.1', NODE_EXTRA_CA_CERTS: caFile,
     })
     assert.equal(out.ok, true, JSON.stringify(out))
@@ -170,7 +140,7 @@ test('NODE_USE_ENV_PROXY=1: HTTPS goes through the proxy as CONNECT, and the key
     // resolve, so the call fails to connect, and the proxy sees nothing more.
     ctx.reset()
     const before = proxy.seen.connects.length
-    const direct = await inChild(client, bashParams(sb, 'echo x'), { HTTPS_PROXY: proxy.url, NODE_EXTRA_CA_CERTS: caFile })
+    const direct = await netChild(client, bashParams(sb, 'echo x'), { HTTPS_PROXY: proxy.url, NODE_EXTRA_CA_CERTS: caFile })
     assert.equal(direct.ok, false)
     assert.equal(direct.message, 'CreateOS connection failed.')
     assert.equal(proxy.seen.connects.length, before)
@@ -232,14 +202,14 @@ test('HTTPS: an untrusted certificate is its own error; NODE_EXTRA_CA_CERTS and 
 
   const caFile = join(tmp, 'ca-extra.pem')
   writeFileSync(caFile, ctx.emu.caPem)
-  const viaEnv = await inChild(emuClient(ctx), bashParams(sb, 'echo env-trusted'), { NODE_EXTRA_CA_CERTS: caFile })
+  const viaEnv = await netChild(emuClient(ctx), bashParams(sb, 'echo env-trusted'), { NODE_EXTRA_CA_CERTS: caFile })
   assert.equal(viaEnv.ok, true, JSON.stringify(viaEnv))
   assert.equal(viaEnv.result.stdout, 'env-trusted\n')
   assert.deepEqual(kinds(ctx.requests()), ['createProcess', 'connect', 'putFile'])
 
   // A NODE_EXTRA_CA_CERTS that cannot be read is ignored (Node warns about it itself).
   ctx.reset()
-  const missing = await inChild(emuClient(ctx), bashParams(sb, 'echo no'), { NODE_EXTRA_CA_CERTS: join(tmp, 'missing.pem') })
+  const missing = await netChild(emuClient(ctx), bashParams(sb, 'echo no'), { NODE_EXTRA_CA_CERTS: join(tmp, 'missing.pem') })
   assert.equal(missing.ok, false)
   assert.equal(missing.message, UNTRUSTED)
   assert.deepEqual(ctx.requests(), [])

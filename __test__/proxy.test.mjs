@@ -11,19 +11,16 @@ import { spawn, spawnSync, execFileSync } from 'node:child_process'
 import net from 'node:net'
 import { mkdtempSync, writeFileSync, readFileSync, rmSync, chmodSync, existsSync } from 'node:fs'
 import { tmpdir } from 'node:os'
-import { join, dirname } from 'node:path'
+import { join } from 'node:path'
 import { fileURLToPath } from 'node:url'
-import { lib, startEmu, kinds, rejection, assertNoSecrets, bashParams, sleep } from './helpers.mjs'
+import { lib, startEmu, kinds, rejection, assertNoSecrets, bashParams, sleep, netChild } from './helpers.mjs'
 
 const FILE = fileURLToPath(import.meta.url)
-const CHILD = join(dirname(FILE), 'net-child.cjs')
 const { execute, isCreateosCleanupError } = lib
 
 const REFUSED_407 = 'CreateOS proxy refused the connection (HTTP 407).'
 const REFUSED = 'CreateOS proxy refused the connection.'
 const UNREACHABLE = 'CreateOS proxy could not be reached.'
-const PROXY_VARS = ['HTTP_PROXY', 'http_proxy', 'HTTPS_PROXY', 'https_proxy', 'ALL_PROXY', 'all_proxy', 'NO_PROXY', 'no_proxy',
-  'NODE_USE_ENV_PROXY', 'NODE_EXTRA_CA_CERTS', 'NODE_USE_SYSTEM_CA', 'NODE_OPTIONS']
 const USER = 'proxyuser'
 const PASSWORD = 'proxy-secret-9f2c'
 
@@ -229,32 +226,6 @@ function flagNode() {
 const FLAG_NODE = flagNode()
 const NO_FLAG = FLAG_NODE ? false : `this Node (${process.version}) rejects --use-env-proxy; set CREATEOS_TEST_NODE to a Node >= 24 to run it`
 
-/** Runs one execute in a child `node [...nodeArgs] net-child.cjs` with `env` on a proxy-free environment. */
-function inChild(bin, nodeArgs, client, params, env) {
-  const base = { ...process.env }
-  for (const k of PROXY_VARS) delete base[k]
-  return new Promise((resolve, reject) => {
-    const child = spawn(bin, [...nodeArgs, CHILD, JSON.stringify({ client, params })], {
-      env: { ...base, ...env },
-      stdio: ['ignore', 'pipe', 'pipe'],
-    })
-    let out = ''
-    let err = ''
-    child.stdout.on('data', (c) => { out += c })
-    child.stderr.on('data', (c) => { err += c })
-    const timer = setTimeout(() => child.kill('SIGKILL'), 30_000)
-    child.on('error', reject)
-    child.on('exit', (code) => {
-      clearTimeout(timer)
-      try {
-        resolve(JSON.parse(out))
-      } catch {
-        reject(new Error(`child exited ${code} without a result: ${err.slice(0, 2000)}`))
-      }
-    })
-  })
-}
-
 /**
  * Runs `cases` ([nodeArgs, env, proxied]) against squid with `createos.test` as the API host
  * (not loopback, so the environment's proxy applies): a proxied case runs through squid, an
@@ -274,9 +245,9 @@ async function switchCases(bin, cases) {
     for (const [nodeArgs, env, proxied] of cases) {
       ctx.reset()
       const what = `${nodeArgs.join(' ')} ${JSON.stringify(env)}`
-      const out = await inChild(bin, nodeArgs, client, bashParams(sb, 'echo switched'), {
+      const out = await netChild(client, bashParams(sb, 'echo switched'), {
         HTTPS_PROXY: squid.authUrl, NODE_EXTRA_CA_CERTS: caFile, ...env,
-      })
+      }, { bin, nodeArgs })
       if (proxied) {
         assert.equal(out.ok, true, `${what}: ${JSON.stringify(out)}`)
         assert.equal(out.result.stdout, 'switched\n')
