@@ -6,6 +6,7 @@ use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
 use createos_test_support::emulator::{self, Emulator, EmulatorOptions, Tracking, TrackingMode};
+use createos_test_support::{sleepers, unique_sleep};
 use serde_json::{json, Value};
 
 fn opts() -> EmulatorOptions {
@@ -42,30 +43,6 @@ async fn spawn_bash(emu: &Emulator, sb: &str, script: &str) -> String {
     .await;
     assert_eq!(s, 201, "{v}");
     v["data"]["process_id"].as_str().unwrap().to_string()
-}
-
-fn unique_sleep(base: u32) -> String {
-    static NEXT: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
-    let n = NEXT.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
-    let nanos = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().subsec_nanos();
-    format!("{base}.{n}{:05}{:06}", std::process::id() % 100_000, nanos / 1000)
-}
-
-/// Live (non-zombie) pids whose command line is exactly `sleep <arg>`, read from /proc.
-fn sleepers(arg: &str) -> Vec<i32> {
-    let want = format!("sleep\0{arg}\0");
-    let mut out = Vec::new();
-    for d in std::fs::read_dir("/proc").unwrap().flatten() {
-        let Some(pid) = d.file_name().to_str().and_then(|n| n.parse::<i32>().ok()) else { continue };
-        if std::fs::read(format!("/proc/{pid}/cmdline")).ok().as_deref() != Some(want.as_bytes()) {
-            continue;
-        }
-        let Ok(stat) = std::fs::read_to_string(format!("/proc/{pid}/stat")) else { continue };
-        if !matches!(stat[stat.rfind(')').unwrap() + 2..].chars().next(), Some('Z' | 'X')) {
-            out.push(pid);
-        }
-    }
-    out
 }
 
 fn kill_pids(pids: &[i32]) {

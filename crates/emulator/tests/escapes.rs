@@ -7,6 +7,7 @@
 use std::time::{Duration, Instant};
 
 use createos_test_support::{emulator, with_emulator, Emulator, EmulatorOptions};
+use createos_test_support::{sleepers, unique_sleep};
 use serde_json::{json, Value};
 
 struct Ctx {
@@ -68,33 +69,6 @@ where
     Fut: std::future::Future<Output = ()>,
 {
     with_emulator(opts(), |emu| f(Ctx { emu, http: reqwest::Client::new() })).await;
-}
-
-/// A `sleep` duration no other test uses, so /proc finds exactly this test's sleepers.
-fn unique_sleep(base: u32) -> String {
-    static NEXT: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
-    let n = NEXT.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
-    let nanos = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().subsec_nanos();
-    format!("{base}.{n}{:05}{:06}", std::process::id() % 100_000, nanos / 1000)
-}
-
-/// Live (non-zombie) pids whose command line is exactly `sleep <arg>`, read from /proc.
-fn sleepers(arg: &str) -> Vec<i32> {
-    let want = format!("sleep\0{arg}\0");
-    let mut out = Vec::new();
-    for d in std::fs::read_dir("/proc").unwrap().flatten() {
-        let Some(pid) = d.file_name().to_str().and_then(|n| n.parse::<i32>().ok()) else { continue };
-        let Ok(cmd) = std::fs::read(format!("/proc/{pid}/cmdline")) else { continue };
-        if cmd != want.as_bytes() {
-            continue;
-        }
-        let Ok(stat) = std::fs::read_to_string(format!("/proc/{pid}/stat")) else { continue };
-        let state = stat[stat.rfind(')').unwrap() + 2..].chars().next();
-        if !matches!(state, Some('Z' | 'X')) {
-            out.push(pid);
-        }
-    }
-    out
 }
 
 async fn until_sleepers(arg: &str, n: usize) -> Vec<i32> {

@@ -143,3 +143,35 @@ async fn delayed_copy(
     };
     tokio::join!(reader, writer);
 }
+
+/// A `sleep` duration no other test uses (`<base>.<counter><pid><µs>`), so a /proc scan by
+/// command line ([`sleepers`]) finds exactly the sleepers of one test.
+#[must_use]
+pub fn unique_sleep(base: u32) -> String {
+    use std::sync::atomic::{AtomicU32, Ordering};
+    static NEXT: AtomicU32 = AtomicU32::new(0);
+    let n = NEXT.fetch_add(1, Ordering::SeqCst);
+    let nanos = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.subsec_nanos());
+    format!("{base}.{n}{:05}{:06}", std::process::id() % 100_000, nanos / 1000)
+}
+
+/// Live (non-zombie) pids whose command line is exactly `sleep <arg>`, read from /proc (not
+/// from the emulator, whose view is what the tests check).
+#[must_use]
+pub fn sleepers(arg: &str) -> Vec<i32> {
+    let want = format!("sleep\0{arg}\0");
+    let Ok(dir) = std::fs::read_dir("/proc") else { return Vec::new() };
+    let mut out = Vec::new();
+    for d in dir.flatten() {
+        let Some(pid) = d.file_name().to_str().and_then(|n| n.parse::<i32>().ok()) else { continue };
+        if std::fs::read(format!("/proc/{pid}/cmdline")).ok().as_deref() != Some(want.as_bytes()) {
+            continue;
+        }
+        let Ok(stat) = std::fs::read_to_string(format!("/proc/{pid}/stat")) else { continue };
+        let state = stat.rfind(')').and_then(|i| stat[i + 2..].chars().next());
+        if !matches!(state, Some('Z' | 'X')) {
+            out.push(pid);
+        }
+    }
+    out
+}
