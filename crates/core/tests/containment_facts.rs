@@ -300,16 +300,25 @@ async fn a_gate_written_then_answered_500_is_not_not_started() {
 
 // ---------------------------------------------------------------- conclusive lists
 
+/// Three processes that are not ours, an empty request log, and a creation that is applied
+/// but answered 502 (so `execute` must recover it from the list).
+async fn three_others_and_a_lost_creation(emu: &Emulator, c: &Config, sb: &str) {
+    for _ in 0..3 {
+        start_process(c, sb, "/bin/sleep", json!(["30"])).await;
+    }
+    emu.clear_requests();
+    fault(
+        emu,
+        json!({ "route": "createProcess", "times": 1, "action": { "kind": "status", "status": 502, "afterHandler": true } }),
+    );
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_list_that_ignores_offset_proves_nothing() {
     with_emulator(unlimited(), |emu| async move {
         let sb = emu.create_sandbox_now();
         let c = cfg(&emu, json!({}));
-        for _ in 0..3 {
-            start_process(&c, &sb, "/bin/sleep", json!(["30"])).await;
-        }
-        emu.clear_requests();
-        fault(&emu, json!({ "route": "createProcess", "times": 1, "action": { "kind": "status", "status": 502, "afterHandler": true } }));
+        three_others_and_a_lost_creation(&emu, &c, &sb).await;
         fault(&emu, json!({ "route": "listProcesses", "action": { "kind": "pageSize", "limit": 2 } }));
         fault(&emu, json!({ "route": "listProcesses", "action": { "kind": "ignoreOffset" } }));
         let err = execute(&c, &params(&sb, "echo never"), Abort::new(), None).await.unwrap_err();
@@ -335,11 +344,7 @@ async fn a_list_capped_without_a_total_is_read_to_an_empty_page() {
     with_emulator(unlimited(), |emu| async move {
         let sb = emu.create_sandbox_now();
         let c = cfg(&emu, json!({}));
-        for _ in 0..3 {
-            start_process(&c, &sb, "/bin/sleep", json!(["30"])).await;
-        }
-        emu.clear_requests();
-        fault(&emu, json!({ "route": "createProcess", "times": 1, "action": { "kind": "status", "status": 502, "afterHandler": true } }));
+        three_others_and_a_lost_creation(&emu, &c, &sb).await;
         fault(&emu, json!({ "route": "listProcesses", "action": { "kind": "pageSize", "limit": 2, "noTotal": true } }));
         let err = execute(&c, &params(&sb, "echo never"), Abort::new(), None).await.unwrap_err();
         assert!(matches!(err, Error::Api { status: 502, .. }), "{err:?}");
