@@ -103,6 +103,21 @@ async fn zcard(url: &str, key: &str) -> i64 {
     redis::cmd("ZCARD").arg(format!("{KEY_PREFIX}{{{key}}}:starts")).query_async(&mut c).await.unwrap()
 }
 
+/// Waits (up to 3 s) until the budget key holds `n` members. A given-up reservation is
+/// released on a task of its own (the waiter never waits for the store), so its member leaves
+/// Redis a moment after the waiter returned.
+async fn settles_at(url: &str, key: &str, n: i64, what: &str) {
+    let deadline = Instant::now() + Duration::from_secs(3);
+    loop {
+        let members = zcard(url, key).await;
+        if members == n {
+            return;
+        }
+        assert!(Instant::now() < deadline, "{what}: {members} members, not {n}");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
 /// Most starts in any window of `window` (half-open).
 fn max_in_window(starts: &[Instant], window: Duration) -> usize {
     let mut sorted = starts.to_vec();
@@ -144,7 +159,7 @@ async fn cancelled_waiters_free_their_slots_in_redis() {
     for w in waiters {
         assert!(w.await.unwrap().is_err());
     }
-    assert_eq!(zcard(&server.url(), key).await, 2, "the six cancelled members are gone from Redis");
+    settles_at(&server.url(), key, 2, "the six cancelled members are gone from Redis").await;
     p.acquire(&Ctx::new(Abort::new())).await.unwrap();
     let waited = t0.elapsed();
     assert!(waited >= Duration::from_millis(1000) - JITTER && waited < Duration::from_millis(1500), "{waited:?}");
@@ -287,11 +302,7 @@ async fn an_abort_does_not_wait_for_a_decision() {
     server.signal("-CONT");
     // A later decision is shared, and the aborted one holds no slot.
     p.acquire(&Ctx::new(Abort::new())).await.unwrap();
-    let deadline = Instant::now() + Duration::from_secs(3);
-    while zcard(&server.url(), key).await != 1 {
-        assert!(Instant::now() < deadline, "the aborted decision kept a slot");
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    settles_at(&server.url(), key, 1, "the aborted decision kept a slot").await;
     assert!(!p.store().unwrap().is_down());
     assert!(pacer::take_warnings().is_empty());
 }
@@ -565,7 +576,7 @@ async fn a_reservation_made_after_its_decision_gave_up_is_released() {
     server.signal("-CONT");
     // The server runs the reservation it had read.
     tokio::time::sleep(Duration::from_millis(400)).await;
-    assert_eq!(zcard(&server.url(), key).await, 2, "the late reservation was made");
+    settles_at(&server.url(), key, 2, "the late reservation was made").await;
     // The next decision (the probe) carries the owed release.
     p.acquire(&Ctx::new(Abort::new())).await.unwrap();
     assert!(!p.store().unwrap().is_down());
@@ -615,11 +626,7 @@ async fn a_release_the_store_did_not_take_is_sent_when_it_answers() {
     // The next decision carries what is owed; its own waiter gives up too.
     let r = p.acquire(&Ctx::with_deadline(Abort::new(), Instant::now() + Duration::from_millis(300))).await;
     assert!(r.is_err());
-    let deadline = Instant::now() + Duration::from_secs(3);
-    while zcard(&server.url(), key).await != 1 {
-        assert!(Instant::now() < deadline, "a given-up slot is still held in Redis");
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    settles_at(&server.url(), key, 1, "a given-up slot is still held in Redis").await;
     assert_eq!(p.store().unwrap().owed(), 0);
     assert_eq!(pacer::take_warnings(), vec![STORE_DOWN, STORE_RESTORED]);
 }
@@ -732,7 +739,7 @@ async fn a_lost_confirm_answer_retried_on_a_new_connection_does_not_start_inside
         })
     };
     tokio::time::sleep(Duration::from_millis(150)).await;
-    assert_eq!(zcard(&server.url(), key).await, 2, "the waiter holds the next slot");
+    settles_at(&server.url(), key, 2, "the waiter holds the next slot").await;
     // Another process sees a 429; its pause reaches the store before the waiter's slot comes.
     let paused_at = Instant::now();
     other.pause(Duration::from_millis(1500)).await;
