@@ -10,7 +10,9 @@ use createos_execute_core::abort::Abort;
 use createos_execute_core::error::{CleanupReason, Error};
 use createos_execute_core::execute::{self, execute, FollowEvent};
 use createos_execute_core::follow::SEQUENCE_GAP;
-use createos_test_support::{assert_nothing_alive, unlimited, with_emulator, Emulator, EmulatorOptions};
+use createos_test_support::{
+    assert_nothing_alive, assert_only_alive, unlimited, with_emulator, Emulator, EmulatorOptions,
+};
 use serde_json::json;
 use support::{cfg, count, fault, params, start_process, timed_out_run};
 
@@ -187,8 +189,8 @@ async fn a_lost_creation_is_found_on_a_later_page_of_the_list() {
         for _ in 0..4 {
             start_process(&c, &sb, "/bin/sleep", json!(["30"])).await;
         }
-        let decoys = emu.live_pids().len();
-        assert_eq!(decoys, 4);
+        let decoys = emu.live_pids();
+        assert_eq!(decoys.len(), 4);
         emu.clear_requests();
         fault(&emu, json!({ "route": "createProcess", "times": 1, "action": { "kind": "status", "status": 502, "afterHandler": true } }));
         fault(&emu, json!({ "route": "listProcesses", "action": { "kind": "pageSize", "limit": 2 } }));
@@ -197,13 +199,7 @@ async fn a_lost_creation_is_found_on_a_later_page_of_the_list() {
         let lists: Vec<_> = emu.requests().into_iter().filter(|q| q.route == "listProcesses").map(|q| q.query).collect();
         assert_eq!(lists, vec!["limit=500&offset=0", "limit=500&offset=2", "limit=500&offset=4"]);
         assert_eq!(count(&emu, "deleteProcess"), 1, "ours, found on the third page, was ended");
-        for _ in 0..100 {
-            if emu.live_pids().len() == decoys {
-                break;
-            }
-            tokio::time::sleep(Duration::from_millis(20)).await;
-        }
-        assert_eq!(emu.live_pids().len(), decoys, "only the decoys remain");
+        assert_only_alive(&emu, &decoys).await;
     })
     .await;
 }

@@ -14,7 +14,7 @@ use createos_execute_core::abort::{Abort, Ctx};
 use createos_execute_core::config::{parse_params, Config};
 use createos_execute_core::error::{CleanupReason, Error, Operation};
 use createos_execute_core::execute::{self, execute};
-use createos_test_support::{assert_nothing_alive, unlimited, with_emulator, Emulator};
+use createos_test_support::{assert_nothing_alive, assert_only_alive, unlimited, with_emulator, Emulator};
 use reqwest::Method;
 use serde_json::json;
 use support::{cfg, count, fault, params, start_process, timed_out_run};
@@ -354,7 +354,7 @@ async fn a_list_capped_without_a_total_is_read_to_an_empty_page() {
     with_emulator(unlimited(), |emu| async move {
         let sb = emu.create_sandbox_now();
         let c = cfg(&emu, json!({}));
-        let mut others = three_others_and_a_lost_creation(&emu, &c, &sb).await;
+        let others = three_others_and_a_lost_creation(&emu, &c, &sb).await;
         fault(&emu, json!({ "route": "listProcesses", "action": { "kind": "pageSize", "limit": 2, "noTotal": true } }));
         let err = execute(&c, &params(&sb, "echo never"), Abort::new(), None).await.unwrap_err();
         assert!(matches!(err, Error::Api { status: 502, .. }), "{err:?}");
@@ -370,19 +370,7 @@ async fn a_list_capped_without_a_total_is_read_to_an_empty_page() {
             ],
             "ours, on the second page, was found and ended"
         );
-        others.sort_unstable();
-        let live = || {
-            let mut l = emu.live_pids();
-            l.sort_unstable();
-            l
-        };
-        for _ in 0..100 {
-            if live() == others {
-                break;
-            }
-            tokio::time::sleep(Duration::from_millis(20)).await;
-        }
-        assert_eq!(live(), others, "only the three others remain");
+        assert_only_alive(&emu, &others).await;
         end_all(&emu, &c, &sb).await;
     })
     .await;

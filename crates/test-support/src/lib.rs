@@ -49,13 +49,28 @@ where
 /// # Panics
 /// When processes are still alive after 2 s.
 pub async fn assert_nothing_alive(emu: &Emulator) {
+    assert_only_alive(emu, &[]).await;
+}
+
+/// Waits (up to 2 s) until the live processes the emulator started are exactly `pids`.
+///
+/// # Panics
+/// When they are not, after 2 s.
+pub async fn assert_only_alive(emu: &Emulator, pids: &[i32]) {
+    let mut want = pids.to_vec();
+    want.sort_unstable();
+    let live = || {
+        let mut l = emu.live_pids();
+        l.sort_unstable();
+        l
+    };
     for _ in 0..100 {
-        if emu.live_pids().is_empty() {
+        if live() == want {
             return;
         }
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
-    panic!("processes still alive: {:?}", emu.live_pids());
+    panic!("processes alive: {:?}, expected only {want:?}", live());
 }
 
 /// A TCP proxy on 127.0.0.1 that delivers every byte `one_way` after it was read, in both
