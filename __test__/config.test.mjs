@@ -98,11 +98,11 @@ test('a throwing apiKey getter on the client falls back to config.apiKey', async
   assert.equal(r.stdout, 'ok\n')
 })
 
-test('CONFIG_FIELDS in index.js lists every field the native config reads', async () => {
+test('CONFIG_FIELDS in lib/config.js lists every field the native config reads', async () => {
   const { readFileSync } = await import('node:fs')
   const { ROOT } = await import('./helpers.mjs')
   const rust = readFileSync(`${ROOT}/crates/core/src/config.rs`, 'utf8')
-  const js = readFileSync(`${ROOT}/index.js`, 'utf8')
+  const js = readFileSync(`${ROOT}/lib/config.js`, 'utf8')
   const listed = new Set([...js.slice(js.indexOf('const CONFIG_FIELDS'), js.indexOf('])', js.indexOf('const CONFIG_FIELDS')))
     .matchAll(/'([A-Za-z_]+)'/g)].map((m) => m[1]))
   // Top-level keys of the client object (`m`); the command's fields are parsed from params,

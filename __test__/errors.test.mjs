@@ -4,7 +4,7 @@ import { test, before, after } from 'node:test'
 import assert from 'node:assert/strict'
 import { createRequire } from 'node:module'
 import { spawnSync } from 'node:child_process'
-import { mkdtempSync, readFileSync, rmSync, writeFileSync } from 'node:fs'
+import { mkdtempSync, readdirSync, readFileSync, rmSync, writeFileSync } from 'node:fs'
 import { tmpdir } from 'node:os'
 import { join } from 'node:path'
 import { fileURLToPath } from 'node:url'
@@ -16,15 +16,21 @@ const {
   isCreateosCleanupError, isCreateosError, waitForRequest,
 } = lib
 
-/** A second, independent copy of index.js (as when two versions are installed). */
+/**
+ * A second, independent copy of index.js and its lib/ modules (as when two versions are
+ * installed); the native binding is loaded once per process, so it stays shared.
+ */
 function loadSecondCopy() {
-  const path = require.resolve('../index.js')
-  const saved = require.cache[path]
-  delete require.cache[path]
+  const paths = [require.resolve('../index.js'), ...readdirSync(join(ROOT, 'lib')).filter((f) => f.endsWith('.js')).map((f) => join(ROOT, 'lib', f))]
+  const saved = new Map(paths.map((p) => [p, require.cache[p]]))
+  for (const p of paths) delete require.cache[p]
   try {
     return require('../index.js')
   } finally {
-    require.cache[path] = saved
+    for (const [p, m] of saved) {
+      if (m) require.cache[p] = m
+      else delete require.cache[p]
+    }
   }
 }
 
@@ -91,9 +97,10 @@ test('a cleanup error from a vm context is recognised too', async () => {
   const { runInNewContext } = await import('node:vm')
   const { readFileSync } = await import('node:fs')
   const { join } = await import('node:path')
-  const source = readFileSync(join(ROOT, 'index.js'), 'utf8')
+  // The classes live in lib/errors.js, which requires nothing.
+  const source = readFileSync(join(ROOT, 'lib', 'errors.js'), 'utf8')
   const module = { exports: {} }
-  const sandboxRequire = (id) => (id === './binding.js' ? require('../binding.js') : require(id))
+  const sandboxRequire = (id) => { throw new Error(`lib/errors.js requires nothing (asked for ${id})`) }
   runInNewContext(`(function (module, exports, require, process) {${source}\n})`, {})(module, module.exports, sandboxRequire, process)
   const e = new module.exports.CreateosCleanupError('from vm')
   assert.equal(e instanceof Error, false, 'another realm')
@@ -293,4 +300,28 @@ test('the doc comments quote outcomes that really occur', () => {
     const quoted = [...block(name).matchAll(/`([^`]+)`/g)].map((m) => m[1]).filter((w) => /^[a-zA-Z_ 0-9]+$/.test(w) && w !== 'null')
     for (const w of quoted) assert.ok(words.has(w.replace(/\d+/g, (n) => (n === '404' ? n : '7'))) || words.has(w), `${name} quotes "${w}"`)
   }
+})
+
+test('the export list is the same through require and import, and the error classes are one identity', async () => {
+  const EXPORTS = [
+    'CreateosApiError', 'CreateosCleanupError', 'CreateosDestroyError', 'CreateosInputError',
+    'destroySandbox', 'execute', 'executeStream', 'followProcess', 'isCreateosCleanupError',
+    'isCreateosError', 'processEvents', 'shellQuote', 'waitForRequest',
+  ]
+  const required = require('../index.js')
+  assert.deepEqual(Object.keys(required).sort(), EXPORTS)
+  // ESM named exports come from node's static reading of index.js's `module.exports = {…}`.
+  const imported = await import('../index.js')
+  assert.deepEqual(Object.keys(imported).filter((k) => k !== 'default').sort(), EXPORTS)
+  assert.equal(imported.default, required)
+  for (const name of EXPORTS) assert.equal(imported[name], required[name], name)
+  const errors = require('../lib/errors.js')
+  for (const name of ['CreateosApiError', 'CreateosCleanupError', 'CreateosDestroyError', 'CreateosInputError']) {
+    assert.equal(required[name], errors[name], `${name} is lib/errors.js's class`)
+  }
+  // An error thrown from a lib/ module is an instance of the exported class.
+  const thrown = await rejection(required.execute({ config: {} }, {}))
+  assert.ok(thrown instanceof imported.CreateosInputError)
+  assert.ok(thrown instanceof TypeError)
+  assert.equal(thrown.code, 'CREATEOS_INVALID_INPUT')
 })

@@ -98,6 +98,10 @@ test('the main package ships no emulator file and no native binary', { skip }, (
   const [info] = JSON.parse(npm(['pack', '--dry-run', '--json'], ROOT))
   const paths = info.files.map((f) => f.path)
   assert.ok(paths.includes('index.js') && paths.includes('index.d.ts') && paths.includes('binding.js'), paths.join(','))
+  // index.js wires the modules under lib/: each is shipped.
+  const libFiles = readdirSync(join(ROOT, 'lib')).filter((f) => f.endsWith('.js')).map((f) => `lib/${f}`)
+  assert.ok(libFiles.length > 0)
+  assert.deepEqual(libFiles.filter((f) => !paths.includes(f)), [])
   assert.deepEqual(paths.filter((p) => /emulator/i.test(p)), [])
   assert.deepEqual(paths.filter((p) => p.endsWith('.node')), [])
   assert.deepEqual(paths.filter((p) => p.startsWith('__test__') || p.startsWith('src/') || p.startsWith('crates/') || p.startsWith('examples/')), [])
