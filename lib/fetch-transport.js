@@ -10,7 +10,7 @@
 // Through `fetch`, a request looks as the TypeScript module made it: the URL as a string,
 // a plain headers object (`Content-Type` when there is a body, then `X-Api-Key`),
 // `redirect: 'error'`, an AbortSignal, JSON and uploads as strings. Rust pulls the body
-// one batch (at most 64 KiB) at a time; ahead of that this side reads at most HIGH_WATER
+// one batch (at most 256 KiB) at a time; ahead of that this side reads at most HIGH_WATER
 // bytes, so the memory bound is the native path's. Rust dropping an exchange cancels it here:
 // the AbortController aborts and the body's reader is cancelled (the host's stream sees it).
 
@@ -18,8 +18,8 @@ const { CreateosInputError } = require('./errors.js')
 
 const DISPATCHER = Symbol.for('undici.globalDispatcher.1')
 const INVALID_TRANSPORT = "transport must be 'native' or 'fetch'."
-const BATCH_BYTES = 64 * 1024
-const HIGH_WATER = 128 * 1024
+const BATCH_BYTES = 256 * 1024
+const HIGH_WATER = 512 * 1024
 const MAX_HEADERS = 64
 const DONE = Object.freeze({ done: true })
 const BROKEN = Object.freeze({ error: 'broken' })

@@ -688,7 +688,7 @@ impl HostFetch for JsFetch {
     }
 }
 
-/// The body of an exchange, pulled one chunk (at most 64 KiB, the bridge's batch) at a time:
+/// The body of an exchange, pulled one chunk (at most 256 KiB, the bridge's batch) at a time:
 /// nothing is read ahead of the consumer but the bridge's own small buffer.
 fn host_body(f: std::sync::Arc<FetchFn>, guard: CancelOnDrop, gone: Abort) -> HostStream {
     struct State {
