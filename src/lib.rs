@@ -741,6 +741,7 @@ type Runner =
         Option<mpsc::Sender<LogLine>>,
     ) -> std::pin::Pin<Box<dyn std::future::Future<Output = std::result::Result<ExecuteResult, Error>> + Send>>;
 
+#[allow(clippy::too_many_arguments)] // the napi arguments, passed through
 fn run_command<'env>(
     env: &'env Env,
     client: Value,
@@ -821,6 +822,7 @@ pub fn execute_stream_native<'env>(
 #[napi(
     ts_args_type = "client: object, sandboxId: string, processId: string, cancel: CancelHandle, onEvent: (kind: string, data?: Buffer | null) => void, onDiag?: ((channel: string, event: object) => void) | undefined | null, transport?: ((call: FetchCall) => Promise<FetchReply>) | undefined | null"
 )]
+#[allow(clippy::too_many_arguments)] // one per napi argument
 pub fn follow_process_native<'env>(
     env: &'env Env,
     client: Value,

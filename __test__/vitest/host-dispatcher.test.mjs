@@ -38,6 +38,32 @@ describe('an undici global dispatcher the host installed', () => {
     await agent.close()
   })
 
+  it('a MockAgent answers every request of execute (uploads, creation, stream, stdin close)', async () => {
+    const agent = new MockAgent()
+    agent.disableNetConnect()
+    const pool = agent.get(API)
+    const headers = { 'x-api-key': KEY }
+    const sb = `/v1/sandboxes/${SANDBOX}`
+    const ok = (data) => JSON.stringify({ status: 'success', data })
+    const seen = []
+    const path = (re) => (p) => { const hit = re.test(p); if (hit) seen.push(p.split('?')[0]); return hit }
+    pool.intercept({ path: path(new RegExp(`^${sb}/files\\?path=`)), method: 'PUT', headers }).reply(200, ok({})).persist()
+    pool.intercept({ path: `${sb}/processes`, method: 'POST', headers }).reply(201, ok({ process_id: 'proc-m' }))
+    pool.intercept({ path: path(new RegExp(`^${sb}/processes/proc-m/connect\\?after=0$`)), method: 'GET', headers })
+      .reply(200, [
+        { type: 'data', seq: 1, stream: 'stdout', data_base64: Buffer.from('from-mock\n').toString('base64') },
+        { type: 'exit', exit_code: 0, signal: null, tree_exited: true, newest_seq: 1 },
+      ].map((f) => `${JSON.stringify(f)}\n`).join(''))
+    pool.intercept({ path: path(/\/stdin\/close$/), method: 'POST', headers }).reply(200, ok({})).persist()
+    pool.intercept({ path: path(new RegExp(`^${sb}/exec$`)), method: 'POST', headers }).reply(200, ok({ result: { exit_code: 0 } })).persist()
+    setGlobalDispatcher(agent)
+    const result = await lib.execute(client(), params({ stdin: 'typed' }), AbortSignal.timeout(30_000))
+    expect(result).toMatchObject({ exitCode: 0, stdout: 'from-mock\n' })
+    expect(seen).toContain(`${sb}/processes/proc-m/connect`)
+    expect(seen.filter((p) => p === `${sb}/files`).length).toBeGreaterThanOrEqual(2)
+    await agent.close()
+  })
+
   describe('a ProxyAgent', () => {
     let emu
     let proxy
@@ -87,7 +113,9 @@ describe('an undici global dispatcher the host installed', () => {
       expect(result).toMatchObject({ exitCode: 0, stdout: 'via-proxy\n' })
       const origin = new URL(emu.url).host
       expect(seen.length).toBeGreaterThan(0)
-      for (const line of seen) expect(line.includes(origin)).toBe(true)
+      for (const line of seen) expect(line).toBe(`CONNECT ${origin}`)
+      // Every connection the emulator accepted is one of the proxy's tunnels.
+      expect(emu.connections()).toBe(seen.length)
       // Everything the emulator saw came through the proxy's connections.
       expect(emu.requests().length).toBeGreaterThan(0)
       await agent.close()
