@@ -16,7 +16,7 @@ const {
   isCreateosCleanupError, isCreateosError, emitWarnings, unwrap, isCancelled,
 } = require('./lib/errors.js')
 const { nativeClient, urlClient } = require('./lib/config.js')
-const { nativeParams, guardLog, requireString, requireFunction } = require('./lib/input.js')
+const { nativeParams, guardLog, requireString, requireId, requireFunction, NUL_IN_VALUE } = require('./lib/input.js')
 const { withCancel } = require('./lib/cancel.js')
 const { diagnosticsCallback } = require('./lib/diagnostics.js')
 const { processEvents } = require('./lib/frames.js')
@@ -39,8 +39,8 @@ async function executeStream(client, params, signal, log) {
 
 async function followProcess(client, sandboxId, processId, signal, onData, onConnected) {
   const c = nativeClient(client)
-  requireString(sandboxId, 'sandboxId')
-  requireString(processId, 'processId')
+  requireId(sandboxId, 'sandboxId', 'sandbox')
+  requireId(processId, 'processId', 'process')
   requireFunction(onData, 'onData')
   requireFunction(onConnected, 'onConnected', true)
   // As in the TypeScript module, a throwing onData/onConnected ends the follow
@@ -98,7 +98,7 @@ async function waitForRequest(apiUrl, signal) {
 // confirmed gone; else rejects with CreateosDestroyError.
 async function destroySandbox(client, sandboxId) {
   const c = nativeClient(client)
-  requireString(sandboxId, 'sandboxId', 'a sandbox ID string')
+  requireId(sandboxId, 'sandboxId', 'sandbox')
   return unwrap(await native.destroySandboxNative(c, sandboxId, diagnosticsCallback()))
 }
 
@@ -108,7 +108,7 @@ function shellQuote(value) {
     return native.shellQuote(value)
   } catch (error) {
     // The one native refusal: NUL in the value.
-    throw new CreateosInputError(error && typeof error.message === 'string' ? error.message : 'Sandbox command values cannot contain NUL.')
+    throw new CreateosInputError(error && typeof error.message === 'string' ? error.message : NUL_IN_VALUE)
   }
 }
 
