@@ -3,9 +3,10 @@
 // Hand-written entry point: only the wiring of the public API. Everything that decides
 // anything about a command lives in Rust (src/); the JS side's concerns are in lib/:
 //   lib/native.js       loads the addon (a missing platform package is CREATEOS_NATIVE_MISSING)
+//   lib/platform.js     the platform tag of the package and binary names (loads nothing)
 //   lib/errors.js       the error classes, codes and guards; native outcome → value or error
 //   lib/config.js       the host's client object → the native config; misspelled-key warnings
-//   lib/input.js        the command's parameters and callbacks, checked before anything is sent
+//   lib/input.js        the command's parameters, ids and callbacks, checked before anything is sent
 //   lib/cancel.js       AbortSignal → native CancelHandle; in-flight calls at process exit
 //   lib/diagnostics.js  the diagnostics_channel channels
 //   lib/frames.js       processEvents (NDJSON frames of a fetch Response body)

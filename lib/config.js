@@ -1,8 +1,9 @@
 'use strict'
 
 // The host's client object (`client.config`, `client.apiKey`) → the plain config the native
-// client parses, and the warning for a misspelled config key. The fields' rules are checked
-// natively; this module only reads the fields this package knows and keeps them JSON.
+// client parses, and the warning for a misspelled config key. Only the fields this package
+// knows are read, each once, and each is type- and range-checked here before anything is sent;
+// the native config checks them again (the forms of URLs and certificates only there).
 
 const { CreateosInputError } = require('./errors.js')
 const { readField, ownKeys, describe } = require('./input.js')
