@@ -59,7 +59,7 @@ export interface CreateosConfigLike {
   timeoutMs?: number
   /** Request pacing per budget key (the API origin by default). Default `'window'` (300 starts in any 60 s), in this process or in `CREATEOS_PACING_STORE`. */
   pacing?: CreateosPacing
-  /** Grace periods of successive DELETE attempts during cleanup, in ms; the last one repeats until the deadline. Default `[1000, 5000]`. */
+  /** Grace periods of successive DELETE attempts during cleanup, in ms (1 to 16 entries, each 0–600000); the last one repeats until the deadline. Default `[1000, 5000]`. */
   cleanupGraceMs?: number[]
   /** Long-poll budget of one `wait?scope=tree` confirmation during cleanup, in ms. Default 1000. */
   confirmPollMs?: number
@@ -112,6 +112,11 @@ export interface ExecuteParams {
   command: string
   args?: string[]
   cwd?: string
+  /**
+   * Variables for the command: a plain object (an object literal, `Object.create(null)`, or one
+   * from another realm); a `Map`, an array or a class instance is a `CreateosInputError`. Names
+   * `^[A-Za-z_][A-Za-z0-9_]*$`, string values without NUL.
+   */
   env?: Record<string, string>
   stdin?: string | null
   /**
@@ -346,8 +351,11 @@ export declare class CreateosCleanupError extends Error {
 /**
  * A caller mistake, found before anything was sent: a missing or mistyped client, config
  * field, parameter, signal or callback, or a value a rule refuses (NUL, a bad environment
- * name, a malformed sandbox id). The message names the field, e.g.
- * `args[1] must be a string (got a Buffer).` or `pacing.limit must be an integer between 1 and 1000000.`
+ * name, a malformed sandbox id). The message keeps the TypeScript module's text where it had
+ * one, then names the field and states the limit, e.g.
+ * `Invalid sandbox environment variable. (env key "MY-VAR")`,
+ * `Sandbox command values cannot contain NUL. (args[1])`, `args[1] must be a string (got a Buffer).`
+ * or `pacing.limit must be an integer between 1 and 1000000. (got 0)`.
  * A `TypeError`, so `instanceof TypeError` holds too.
  */
 export declare class CreateosInputError extends TypeError {

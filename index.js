@@ -3,9 +3,10 @@
 // Hand-written entry point: only the wiring of the public API. Everything that decides
 // anything about a command lives in Rust (src/); the JS side's concerns are in lib/:
 //   lib/native.js       loads the addon (a missing platform package is CREATEOS_NATIVE_MISSING)
+//   lib/platform.js     the platform tag of the package and binary names (loads nothing)
 //   lib/errors.js       the error classes, codes and guards; native outcome → value or error
 //   lib/config.js       the host's client object → the native config; misspelled-key warnings
-//   lib/input.js        the command's parameters and callbacks, checked before anything is sent
+//   lib/input.js        the command's parameters, ids and callbacks, checked before anything is sent
 //   lib/cancel.js       AbortSignal → native CancelHandle; in-flight calls at process exit
 //   lib/diagnostics.js  the diagnostics_channel channels
 //   lib/frames.js       processEvents (NDJSON frames of a fetch Response body)
@@ -17,7 +18,7 @@ const {
   isCreateosCleanupError, isCreateosError, emitWarnings, unwrap, isCancelled,
 } = require('./lib/errors.js')
 const { nativeClient, urlClient } = require('./lib/config.js')
-const { nativeParams, guardLog, requireString, requireFunction } = require('./lib/input.js')
+const { nativeParams, guardLog, requireString, requireId, requireFunction, NUL_IN_VALUE } = require('./lib/input.js')
 const { withCancel } = require('./lib/cancel.js')
 const { diagnosticsCallback } = require('./lib/diagnostics.js')
 const { processEvents } = require('./lib/frames.js')
@@ -43,8 +44,8 @@ async function executeStream(client, params, signal, log) {
 
 async function followProcess(client, sandboxId, processId, signal, onData, onConnected) {
   const c = nativeClient(client)
-  requireString(sandboxId, 'sandboxId')
-  requireString(processId, 'processId')
+  requireId(sandboxId, 'sandboxId', 'sandbox')
+  requireId(processId, 'processId', 'process')
   requireFunction(onData, 'onData')
   requireFunction(onConnected, 'onConnected', true)
   const transport = transportFor(c.transport)
@@ -103,7 +104,7 @@ async function waitForRequest(apiUrl, signal) {
 // confirmed gone; else rejects with CreateosDestroyError.
 async function destroySandbox(client, sandboxId) {
   const c = nativeClient(client)
-  requireString(sandboxId, 'sandboxId', 'a sandbox ID string')
+  requireId(sandboxId, 'sandboxId', 'sandbox')
   const transport = transportFor(c.transport)
   return unwrap(await native.destroySandboxNative(c, sandboxId, diagnosticsCallback(), transport))
 }
@@ -114,7 +115,7 @@ function shellQuote(value) {
     return native.shellQuote(value)
   } catch (error) {
     // The one native refusal: NUL in the value.
-    throw new CreateosInputError(error && typeof error.message === 'string' ? error.message : 'Sandbox command values cannot contain NUL.')
+    throw new CreateosInputError(error && typeof error.message === 'string' ? error.message : NUL_IN_VALUE)
   }
 }
 

@@ -67,9 +67,36 @@ test('createos-exec: a command killed by a signal exits 128+n', async () => {
   assert.equal(r.code, 128 + 15)
 })
 
+// The variables createos-exec falls back to, unset (blank counts as unset).
+const NO_TARGET = { CREATEOS_API_URL: '', CREATEOS_SANDBOX_ID: '', CREATEOS_CA_FILE: '' }
+
+/** The `NAME=value` lines createos-emulator printed, by name. */
+function printedVariables(stdout) {
+  return Object.fromEntries(stdout.split('\n').filter((l) => /^CREATEOS_[A-Z_]+=/.test(l)).map((l) => [l.slice(0, l.indexOf('=')), l.slice(l.indexOf('=') + 1)]))
+}
+
+test('createos-exec reads CREATEOS_API_URL, CREATEOS_SANDBOX_ID (and CREATEOS_CA_FILE) as createos-emulator prints them', async () => {
+  for (const tls of [false, true]) {
+    const emu = await startEmulatorProcess(['--rate-limit', 'off', ...(tls ? ['--tls'] : [])])
+    try {
+      const vars = printedVariables(emu.stdout)
+      assert.deepEqual(Object.keys(vars).sort(), ['CREATEOS_API_KEY', 'CREATEOS_API_URL', 'CREATEOS_SANDBOX_ID', ...(tls ? ['CREATEOS_CA_FILE'] : [])].sort())
+      const r = await run(EXEC, ['--', 'bash', '-c', 'echo "in $CREATEOS_SANDBOX_ID"'], { env: { ...NO_TARGET, ...vars } })
+      assert.equal(r.code, 0, r.stderr)
+      assert.equal(r.stdout, `in ${vars.CREATEOS_SANDBOX_ID}\n`)
+      // A flag still wins over the variable.
+      const wrong = await run(EXEC, ['--sandbox', 'sb_missing', '--', 'true'], { env: { ...NO_TARGET, ...vars } })
+      assert.equal(wrong.code, 1, wrong.stderr)
+      assert.match(wrong.stderr, /^createos-exec: CreateOS/)
+    } finally {
+      await emu.stop()
+    }
+  }
+})
+
 test('createos-exec: usage errors exit 2', async () => {
   for (const args of [[], ['--local'], ['--local', '--api-url', 'https://x', '--', 'true'], ['--', 'true'], ['--bogus', '--', 'true'], ['--local', '--timeout', 'soon', '--', 'true'], ['--local', '--env', 'NOEQ', '--', 'true']]) {
-    const r = await run(EXEC, args)
+    const r = await run(EXEC, args, { env: NO_TARGET })
     assert.equal(r.code, 2, `${args.join(' ')}: ${r.stderr}`)
     assert.match(r.stderr, /usage: createos-exec/)
   }

@@ -55,14 +55,14 @@ test('a nested known object ignores extra members and methods', async () => {
 })
 
 const BAD = [
-  ['timeoutMs is a function', { timeoutMs: () => 5000 }, 'timeoutMs must be an integer between 1 and 86400000.'],
-  ['timeoutMs is a symbol', { timeoutMs: Symbol('t') }, 'timeoutMs must be an integer between 1 and 86400000.'],
-  ['timeoutMs is a bigint', { timeoutMs: 5000n }, 'timeoutMs must be an integer between 1 and 86400000.'],
-  ['timeoutMs is NaN', { timeoutMs: Number.NaN }, 'timeoutMs must be an integer between 1 and 86400000.'],
-  ['pacing is a function', { pacing: () => 'off' }, /^pacing must be 'window', 'spacing', 'off' or an object/],
-  ['pacing.limit is a function', { pacing: { limit: () => 5 } }, 'pacing.limit must be an integer between 1 and 1000000.'],
-  ['a cleanupGraceMs entry is a function', { cleanupGraceMs: [1000, () => 1] }, 'cleanupGraceMs must be a non-empty array of integers between 0 and 600000.'],
-  ['confirmPollMs is an object', { confirmPollMs: new Region('x') }, 'confirmPollMs must be an integer between 1 and 600000.'],
+  ['timeoutMs is a function', { timeoutMs: () => 5000 }, 'timeoutMs must be an integer between 1 and 86400000. (got a function)'],
+  ['timeoutMs is a symbol', { timeoutMs: Symbol('t') }, 'timeoutMs must be an integer between 1 and 86400000. (got a symbol)'],
+  ['timeoutMs is a bigint', { timeoutMs: 5000n }, 'timeoutMs must be an integer between 1 and 86400000. (got a bigint)'],
+  ['timeoutMs is NaN', { timeoutMs: Number.NaN }, 'timeoutMs must be an integer between 1 and 86400000. (got NaN)'],
+  ['pacing is a function', { pacing: () => 'off' }, /^pacing must be 'window', 'spacing', 'off' or an object.* \(got a function\)$/],
+  ['pacing.limit is a function', { pacing: { limit: () => 5 } }, 'pacing.limit must be an integer between 1 and 1000000. (got a function)'],
+  ['a cleanupGraceMs entry is a function', { cleanupGraceMs: [1000, () => 1] }, 'cleanupGraceMs must be a non-empty array of at most 16 integers between 0 and 600000. (cleanupGraceMs[1] is a function)'],
+  ['confirmPollMs is an object', { confirmPollMs: new Region('x') }, 'confirmPollMs must be an integer between 1 and 600000. (got an instance of Region)'],
 ]
 for (const [name, override, message] of BAD) {
   test(`rejects a config whose ${name}, before any request`, async () => {
@@ -77,7 +77,7 @@ for (const [name, override, message] of BAD) {
 test('a throwing getter on a known field is that field being invalid', async () => {
   const config = { apiUrl: ctx.url, get timeoutMs() { throw new Error('boom') } }
   const error = await rejection(execute({ config, apiKey: ctx.apiKey }, bashParams(sandbox, 'echo hi')))
-  assert.equal(error.message, 'timeoutMs must be an integer between 1 and 86400000.')
+  assert.equal(error.message, 'timeoutMs must be an integer between 1 and 86400000. (got a throwing getter)')
   assert.ok(!error.message.includes('boom'))
 })
 
@@ -85,11 +85,11 @@ test('an apiUrl that is not a string is the missing-URL error', async () => {
   for (const apiUrl of [() => ctx.url, Symbol('u'), undefined]) {
     const error = await rejection(execute({ config: { apiUrl }, apiKey: ctx.apiKey }, bashParams(sandbox, 'echo hi')))
     assert.ok(error instanceof TypeError)
-    assert.match(error.message, /^CreateOS requires an API URL: apiUrl must be a string \(got (a function|a symbol|undefined)\)\.$/)
+    assert.match(error.message, /^CreateOS requires an API URL\. \(apiUrl must be a string; got (a function|a symbol|undefined)\)$/)
   }
   const config = { get apiUrl() { throw new Error('boom') } }
   const error = await rejection(execute({ config, apiKey: ctx.apiKey }, bashParams(sandbox, 'echo hi')))
-  assert.equal(error.message, 'CreateOS requires an API URL: apiUrl must be a string (got a throwing getter).')
+  assert.equal(error.message, 'CreateOS requires an API URL. (apiUrl must be a string; got a throwing getter)')
 })
 
 test('a throwing apiKey getter on the client falls back to config.apiKey', async () => {

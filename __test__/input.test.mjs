@@ -149,6 +149,11 @@ const CONFIG_FIELDS = [
   ['proxy', { proxy: 5 }],
   ['proxy', { proxy: Buffer.from('http://p:1') }],
   ['caCertPem', { caCertPem: Buffer.from('-----BEGIN CERTIFICATE-----') }],
+  ['pacing.allowPlaintextPassword', { pacing: { allowPlaintextPassword: 'yes' } }],
+  ['pacing.allowPlaintextPassword', { pacing: { store: 'redis://127.0.0.1:6379', allowPlaintextPassword: 1 } }],
+  ['cleanupGraceMs[2]', { cleanupGraceMs: [1, 2, '3'] }],
+  ['cleanupGraceMs', { cleanupGraceMs: new Array(17).fill(100) }],
+  ['pacing.key', { pacing: { key: 'has space' } }],
 ]
 
 test('a bad value in any config field: one class, one code, the field named, nothing sent', async () => {
@@ -161,17 +166,54 @@ test('a bad value in any config field: one class, one code, the field named, not
   assert.deepEqual(ctx.requests(), [])
 })
 
-// Value rules (checked natively): the same class and code, with the TypeScript module's text.
+// A limit is stated in the message, with what was given (a number, a count, never a string's content).
+const LIMITS = [
+  [{ cleanupGraceMs: new Array(17).fill(100) }, 'cleanupGraceMs must be a non-empty array of at most 16 integers between 0 and 600000. (got 17 entries)'],
+  [{ cleanupGraceMs: [] }, 'cleanupGraceMs must be a non-empty array of at most 16 integers between 0 and 600000. (got 0 entries)'],
+  [{ cleanupGraceMs: [100, 600001] }, 'cleanupGraceMs must be a non-empty array of at most 16 integers between 0 and 600000. (cleanupGraceMs[1] is 600001)'],
+  [{ timeoutMs: 86_400_001 }, 'timeoutMs must be an integer between 1 and 86400000. (got 86400001)'],
+  [{ streamIdleTimeoutMs: 999 }, 'streamIdleTimeoutMs must be an integer between 1000 and 3600000. (got 999)'],
+  [{ pacing: { limit: 1.5 } }, 'pacing.limit must be an integer between 1 and 1000000. (got 1.5)'],
+  [{ pacing: { key: 'x'.repeat(201) } }, 'pacing.key must be 1 to 200 printable ASCII characters without spaces or braces, and must not contain the API key. (got an unsupported string)'],
+  [{ pacing: { allowPlaintextPassword: 'yes' } }, 'pacing.allowPlaintextPassword must be true or false. (got a string)'],
+  [{ leftoverProcesses: 'kill' }, "leftoverProcesses must be 'keep' or 'terminate'. (got an unsupported string)"],
+]
+
+test('a value out of its range: the message states the limit and what was given, nothing sent', async () => {
+  for (const [override, message] of LIMITS) {
+    const error = await rejection(execute(ctx.client(override), bashParams(sandbox, 'echo')))
+    assert.ok(error instanceof CreateosInputError, `${JSON.stringify(Object.keys(override))}: ${error}`)
+    assert.equal(error.message, message)
+  }
+  await sleep(20)
+  assert.deepEqual(ctx.requests(), [])
+})
+
+test('a pacing key that contains the API key is refused without showing either', async () => {
+  const error = await rejection(execute(ctx.client({ pacing: { key: `team-${ctx.apiKey}` } }), bashParams(sandbox, 'echo')))
+  assert.ok(error instanceof CreateosInputError)
+  assert.match(error.message, /^pacing\.key must be .* \(it contains the API key\)$/)
+  assertNoSecrets(error, [ctx.apiKey])
+  assert.deepEqual(ctx.requests(), [])
+})
+
+// Value rules: the same class and code, with the TypeScript module's text first and the field
+// after it in parentheses (a host matching the old text still matches).
 const BAD = [
-  ['env name with a dash', { env: { 'BAD-NAME': 'x' } }, 'Invalid sandbox environment variable.'],
-  ['env name starting with a digit', { env: { '1X': 'x' } }, 'Invalid sandbox environment variable.'],
-  ['env name empty', { env: { '': 'x' } }, 'Invalid sandbox environment variable.'],
-  ['env value not a string', { env: { A: 1 } }, 'env.A must be a string (got a number).'],
-  ['NUL in an env value', { env: { A: 'a\0b' } }, 'Sandbox command values cannot contain NUL.'],
-  ['NUL in the command', { command: 'ec\0ho' }, 'Sandbox command values cannot contain NUL.'],
-  ['NUL in an arg', { args: ['-c', 'echo \0'] }, 'Sandbox command values cannot contain NUL.'],
-  ['NUL in cwd', { cwd: '/tmp/\0' }, 'Sandbox command values cannot contain NUL.'],
-  ['empty command', { command: '' }, 'A sandbox command is required: command must be a non-empty string (got an empty string).'],
+  ['env name with a dash', { env: { 'MY-VAR': 'x' } }, 'Invalid sandbox environment variable. (env key "MY-VAR")'],
+  ['env name starting with a digit', { env: { '1X': 'x' } }, 'Invalid sandbox environment variable. (env key "1X")'],
+  ['env name empty', { env: { '': 'x' } }, 'Invalid sandbox environment variable. (env key "")'],
+  ['env name with a newline', { env: { 'A\nB': 'x' } }, 'Invalid sandbox environment variable. (env key "A\\nB")'],
+  ['env name too long to show', { env: { [`${'X'.repeat(70)}-`]: 'x' } }, `Invalid sandbox environment variable. (env key "${'X'.repeat(64)}"…)`],
+  ['env value not a string', { env: { A: 1 } }, 'Invalid sandbox environment variable. (env.A must be a string; got a number)'],
+  ['NUL in an env value', { env: { A: 'a\0b' } }, 'Sandbox command values cannot contain NUL. (env.A)'],
+  ['NUL in the command', { command: 'ec\0ho' }, 'Sandbox command values cannot contain NUL. (command)'],
+  ['NUL in an arg', { args: ['-c', 'echo \0'] }, 'Sandbox command values cannot contain NUL. (args[1])'],
+  ['NUL in cwd', { cwd: '/tmp/\0' }, 'Sandbox command values cannot contain NUL. (cwd)'],
+  ['empty command', { command: '' }, 'A sandbox command is required. (command must be a non-empty string; got an empty string)'],
+  ['env a Map', { env: new Map([['FOO', 'bar']]) }, 'env must be a plain object whose values are strings (got a Map).'],
+  ['env a class instance', { env: new (class HostEnv { constructor() { this.FOO = 'bar' } })() }, 'env must be a plain object whose values are strings (got an instance of HostEnv).'],
+  ['env an array', { env: [['FOO', 'bar']] }, 'env must be a plain object whose values are strings (got an array).'],
 ]
 
 for (const [name, override, message] of BAD) {
@@ -188,13 +230,23 @@ for (const [name, override, message] of BAD) {
   })
 }
 
+test('env as an object from another realm or with no prototype is a plain object: its variables are set', async () => {
+  const { runInNewContext } = await import('node:vm')
+  const bare = Object.create(null)
+  bare.B = 'two'
+  for (const env of [runInNewContext('({ A: "one" })'), bare]) {
+    const r = await execute(ctx.client(), { ...bashParams(sandbox, 'echo "${A:-}${B:-}"'), env })
+    assert.equal(r.stdout, `${env.A ?? ''}${env.B ?? ''}\n`)
+  }
+})
+
 test('NUL in stdin is rejected before any request (or staged verbatim)', async () => {
   // stdin is a file, not a shell word: the TypeScript module staged it as is.
   // Either way nothing may run with a truncated value.
   const result = await execute(ctx.client(), bashParams(sandbox, 'od -An -c', { stdin: 'a\0b' })).then(
     (r) => ({ r }), (e) => ({ e }))
   if (result.e) {
-    assert.equal(result.e.message, 'Sandbox command values cannot contain NUL.')
+    assert.equal(result.e.message, 'Sandbox command values cannot contain NUL. (stdin)')
     assert.deepEqual(ctx.requests(), [])
   } else {
     assert.match(result.r.stdout, /a\s+\\0\s+b/)
@@ -206,7 +258,7 @@ for (const bad of ['', 'has space', 'a/b', '../x', 'x'.repeat(201), 'semi;colon'
     const error = await rejection(execute(ctx.client(), bashParams(bad, 'echo hi')))
     assert.ok(error instanceof CreateosInputError)
     assert.equal(error.code, 'CREATEOS_INVALID_INPUT')
-    assert.equal(error.message, 'Invalid sandbox ID.')
+    assert.equal(error.message, "Invalid sandbox ID. (lease.providerLeaseId must be 1 to 200 letters, digits, '-' or '_')")
     assert.ok(!error.message.includes(bad) || bad === '', 'the message does not echo the id')
     await sleep(20)
     assert.deepEqual(ctx.requests(), [])
@@ -225,7 +277,7 @@ test('followProcess validates both ids before any request', async () => {
   for (const [sb, pid] of [['bad id', 'p1'], [sandbox, 'bad/id'], [sandbox, '']]) {
     const error = await rejection(followProcess(ctx.client(), sb, pid, undefined, () => {}))
     assert.ok(error instanceof CreateosInputError)
-    assert.match(error.message, /^Invalid (sandbox|process) ID\.$/)
+    assert.match(error.message, /^Invalid (sandbox ID\. \(sandboxId|process ID\. \(processId) must be 1 to 200 letters, digits, '-' or '_'\)$/)
   }
   assert.deepEqual(ctx.requests(), [])
 })

@@ -1,13 +1,10 @@
-// Installed as a host installs it from the registry, offline. The packed tarballs are given
-// the shape publishing produces: the root package (and the emulator package) carry
-// `optionalDependencies` on every platform package of `napi.targets`, as `napi pre-publish`
-// writes them. A fresh ESM TypeScript project ("type": "module", nodenext, strict,
-// exactOptionalPropertyTypes) then runs a plain `npm i` of the root tarball only; the
-// linux-x64-gnu platform packages come from `file:` overrides, the other platforms' are
-// skipped as npm skips optional dependencies it cannot get. npm runs with `--offline`, an
-// empty cache of its own and an unreachable registry, so nothing comes from the network.
-// The project type-checks, compiles and runs examples/first-host.ts and a second host file.
-// Without the platform packages, loading fails with a code and the package to install, and
+// Installed from a checkout as the README says, offline: `npm run pack:local` writes the root
+// tarball and this platform's package tarball (and the emulator's pair); a fresh ESM
+// TypeScript project ("type": "module", nodenext, strict, exactOptionalPropertyTypes) installs
+// them, then `npm ci` reinstalls from its lockfile. npm runs with `--offline`, an empty cache
+// of its own and an unreachable registry, so nothing comes from the network. The project
+// type-checks, compiles and runs examples/first-host.ts and a second host file. Without the
+// platform packages, loading fails with a code and the package to install, and
 // `createos-exec` prints one line and exits 1.
 import { test, before, after } from 'node:test'
 import assert from 'node:assert/strict'
@@ -39,57 +36,24 @@ const npm = (args, cwd) => execFileSync('npm', [
   ...args, '--no-audit', '--no-fund', '--loglevel=error', '--offline', `--cache=${cache}`, '--registry=http://127.0.0.1:9/',
 ], { cwd, encoding: 'utf8', env: { ...process.env, npm_config_update_notifier: 'false' } })
 
-/** `npm pack` of `dir` into `work`; returns the tarball's path. */
-function pack(dir) {
-  const [info] = JSON.parse(npm(['pack', '--json', '--pack-destination', work], dir))
-  return join(work, info.filename)
-}
-
-/**
- * The package at `dir` packed as it is published: `optionalDependencies` on each platform
- * package of its `napi.targets` at its version (each must have a manifest in `npm/`).
- */
-function packPublished(dir, name) {
-  const staged = join(work, `${name}-staged`)
-  mkdirSync(staged, { recursive: true })
-  execFileSync('tar', ['xzf', pack(dir), '-C', staged])
-  const manifest = JSON.parse(readFileSync(join(staged, 'package', 'package.json'), 'utf8'))
-  manifest.optionalDependencies = {}
-  for (const target of manifest.napi.targets) {
-    const platform = PLATFORM[target]
-    assert.ok(platform, `a known target: ${target}`)
-    const template = JSON.parse(readFileSync(join(dir, 'npm', platform, 'package.json'), 'utf8'))
-    assert.equal(template.name, `${manifest.name}-${platform}`)
-    assert.equal(template.version, manifest.version)
-    manifest.optionalDependencies[template.name] = manifest.version
-  }
-  writeFileSync(join(staged, 'package', 'package.json'), `${JSON.stringify(manifest, null, 2)}\n`)
-  return { tarball: pack(join(staged, 'package')), manifest }
-}
-
-/** A platform package laid out as `napi artifacts` leaves it: its package.json and the .node. */
-function platformPackage(templateDir, nodeFile, name) {
-  const dir = join(work, name)
-  mkdirSync(dir, { recursive: true })
-  cpSync(join(templateDir, 'package.json'), join(dir, 'package.json'))
-  cpSync(nodeFile, join(dir, nodeFile.split('/').pop()))
-  return pack(dir)
-}
+/** The package.json inside a tarball. */
+const tarManifest = (tarball) => JSON.parse(execFileSync('tar', ['xzfO', tarball, 'package/package.json'], { encoding: 'utf8' }))
 
 let tarballs
-let published
 before(() => {
   if (skip) return
   work = mkdtempSync(join(tmpdir(), 'createos-install-'))
   cache = join(work, 'npm-cache')
-  const main = packPublished(ROOT, 'main')
-  const emulator = packPublished(join(ROOT, 'emulator'), 'emulator')
-  published = { main: main.manifest, emulator: emulator.manifest }
+  // The one command a user runs in a checkout (README, Install).
+  const out = execFileSync('npm', ['run', '--silent', 'pack:local', '--', '--out', join(work, 'packed'), '--json'], {
+    cwd: ROOT, encoding: 'utf8', env: { ...process.env, npm_config_update_notifier: 'false' },
+  })
+  const packed = JSON.parse(out.trim().split('\n').pop())
   tarballs = {
-    main: main.tarball,
-    platform: platformPackage(join(ROOT, 'npm', 'linux-x64-gnu'), MAIN_NODE, 'platform'),
-    emulator: emulator.tarball,
-    emulatorPlatform: platformPackage(join(ROOT, 'emulator', 'npm', 'linux-x64-gnu'), EMU_NODE, 'emulator-platform'),
+    main: packed.main.root,
+    platform: packed.main.platform,
+    emulator: packed.emulator.root,
+    emulatorPlatform: packed.emulator.platform,
   }
 })
 after(() => { if (work) rmSync(work, { recursive: true, force: true }) })
@@ -104,26 +68,34 @@ test('the main package ships no emulator file and no native binary', { skip }, (
   assert.deepEqual(libFiles.filter((f) => !paths.includes(f)), [])
   assert.deepEqual(paths.filter((p) => /emulator/i.test(p)), [])
   assert.deepEqual(paths.filter((p) => p.endsWith('.node')), [])
-  assert.deepEqual(paths.filter((p) => p.startsWith('__test__') || p.startsWith('src/') || p.startsWith('crates/') || p.startsWith('examples/')), [])
+  assert.deepEqual(paths.filter((p) => p.startsWith('__test__') || p.startsWith('src/') || p.startsWith('crates/') || p.startsWith('examples/') || p.startsWith('scripts/')), [])
 })
 
-test('every napi target has a platform package manifest, and the published root depends on each', { skip }, () => {
-  const dirs = readdirSync(join(ROOT, 'npm')).sort()
-  assert.deepEqual(published.main.napi.targets.map((t) => PLATFORM[t]).sort(), dirs)
-  assert.deepEqual(Object.keys(published.main.optionalDependencies).sort(), dirs.map((d) => `createos-execute-${d}`))
-  assert.deepEqual(Object.keys(published.emulator.optionalDependencies).sort(),
-    readdirSync(join(ROOT, 'emulator', 'npm')).sort().map((d) => `createos-execute-emulator-${d}`))
+test('every napi target has a platform package manifest at the version; pack:local\'s root depends on this platform\'s', { skip }, () => {
+  for (const dir of [ROOT, join(ROOT, 'emulator')]) {
+    const manifest = JSON.parse(readFileSync(join(dir, 'package.json'), 'utf8'))
+    const dirs = readdirSync(join(dir, 'npm')).sort()
+    assert.deepEqual(manifest.napi.targets.map((t) => PLATFORM[t]).sort(), dirs, manifest.name)
+    for (const platform of dirs) {
+      const template = JSON.parse(readFileSync(join(dir, 'npm', platform, 'package.json'), 'utf8'))
+      assert.equal(template.name, `${manifest.name}-${platform}`)
+      assert.equal(template.version, manifest.version)
+    }
+  }
+  const root = tarManifest(tarballs.main)
+  assert.deepEqual(root.optionalDependencies, { 'createos-execute-linux-x64-gnu': root.version })
+  assert.equal(root.devDependencies, undefined)
+  assert.deepEqual(tarManifest(tarballs.emulator).optionalDependencies, { 'createos-execute-emulator-linux-x64-gnu': root.version })
+  const platform = tarManifest(tarballs.platform)
+  assert.equal(platform.name, 'createos-execute-linux-x64-gnu')
+  assert.equal(platform.main, 'createos-execute.linux-x64-gnu.node')
 })
 
-/**
- * A fresh ESM TypeScript project. `overrides` maps platform package names to their tarballs:
- * what a registry would serve for this platform.
- */
-function project(name, overrides) {
+/** A fresh ESM TypeScript project (strict, nodenext, exactOptionalPropertyTypes). */
+function project(name) {
   const dir = join(work, name)
   mkdirSync(join(dir, 'src'), { recursive: true })
   const manifest = { name, version: '1.0.0', private: true, type: 'module' }
-  if (overrides) manifest.overrides = Object.fromEntries(Object.entries(overrides).map(([k, v]) => [k, `file:${v}`]))
   writeFileSync(join(dir, 'package.json'), JSON.stringify(manifest, null, 2))
   writeFileSync(join(dir, 'tsconfig.json'), JSON.stringify({
     compilerOptions: {
@@ -158,17 +130,17 @@ try {
 const run = (dir, file) => spawnSync(process.execPath, [join(dir, 'dist', file)], { cwd: dir, encoding: 'utf8', timeout: 60_000 })
 
 let hostDir
-test('a fresh ESM TypeScript project installs the published shape offline and runs the first example', { skip, timeout: 240_000 }, () => {
-  hostDir = project('host', {
-    'createos-execute-linux-x64-gnu': tarballs.platform,
-    'createos-execute-emulator-linux-x64-gnu': tarballs.emulatorPlatform,
-  })
-  npm(['install', tarballs.main], hostDir)
-  npm(['install', '--save-dev', tarballs.emulator], hostDir)
+test('a fresh ESM TypeScript project installs the pack:local tarballs offline (and npm ci from its lockfile) and runs the first example', { skip, timeout: 240_000 }, () => {
+  hostDir = project('host')
+  npm(['install', tarballs.main, tarballs.platform], hostDir)
+  npm(['install', '--save-dev', tarballs.emulator, tarballs.emulatorPlatform], hostDir)
   const manifest = JSON.parse(readFileSync(join(hostDir, 'package.json'), 'utf8'))
-  assert.deepEqual(Object.keys(manifest.dependencies), ['createos-execute'])
-  assert.deepEqual(Object.keys(manifest.devDependencies), ['createos-execute-emulator'])
-  // The platform package came in as the root's optional dependency; no .node in the root.
+  assert.deepEqual(Object.keys(manifest.dependencies).sort(), ['createos-execute', 'createos-execute-linux-x64-gnu'])
+  assert.deepEqual(Object.keys(manifest.devDependencies).sort(), ['createos-execute-emulator', 'createos-execute-emulator-linux-x64-gnu'])
+  // A Docker build's `npm ci`: the lockfile alone, offline.
+  rmSync(join(hostDir, 'node_modules'), { recursive: true, force: true })
+  npm(['ci'], hostDir)
+  // The binary is in the platform package, not in the root.
   assert.equal(existsSync(join(hostDir, 'node_modules', 'createos-execute', 'createos-execute.linux-x64-gnu.node')), false)
   assert.ok(existsSync(join(hostDir, 'node_modules', 'createos-execute-linux-x64-gnu', 'createos-execute.linux-x64-gnu.node')))
   assert.ok(existsSync(join(hostDir, 'node_modules', 'createos-execute-emulator-linux-x64-gnu')))

@@ -175,7 +175,7 @@ test('config.proxy is explicit: CONNECT with its credentials, no environment nee
     ctx.reset()
     for (const [config, message] of [
       [{ proxy: 'socks5://127.0.0.1:1080' }, 'proxy must be an http:// or https:// proxy URL.'],
-      [{ proxy: 42 }, 'proxy must be an http:// or https:// proxy URL.'],
+      [{ proxy: 42 }, 'proxy must be an http:// or https:// proxy URL. (got 42)'],
       [{ apiUrl: 'http://127.0.0.1:1', proxy: proxy.url }, 'proxy requires an https:// apiUrl: the API key never crosses a proxy in clear text.'],
       [{ caCertPem: 'not a certificate' }, 'caCertPem must be a PEM string with at least one certificate.'],
     ]) {

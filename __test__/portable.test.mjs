@@ -25,7 +25,7 @@ test('bad input is rejected before any request (nothing listens on the port)', a
   const client = { config: { apiUrl: 'http://127.0.0.1:9', timeoutMs: 1000 }, apiKey: 'k' }
   await assert.rejects(
     lib.execute(client, { lease: { providerLeaseId: 'bad id!' }, command: 'echo' }),
-    { code: 'CREATEOS_INVALID_INPUT', message: 'Invalid sandbox ID.' },
+    { code: 'CREATEOS_INVALID_INPUT', message: /^Invalid sandbox ID\. \(lease\.providerLeaseId / },
   )
 })
 

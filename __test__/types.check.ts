@@ -165,6 +165,10 @@ function classify(error: unknown): string {
 void execute(plain, { lease: { providerLeaseId: "sb" } });
 // @ts-expect-error: env values are strings
 void execute(plain, { lease: { providerLeaseId: "sb" }, command: "x", env: { A: 1 } });
+// @ts-expect-error: env is a plain object, not a Map (its entries would not be read)
+void execute(plain, { lease: { providerLeaseId: "sb" }, command: "x", env: new Map([["A", "1"]]) });
+// @ts-expect-error: allowPlaintextPassword is a boolean
+void execute({ config: { apiUrl: "http://127.0.0.1:1", pacing: { allowPlaintextPassword: "yes" } } }, { lease: { providerLeaseId: "sb" }, command: "x" });
 
 diagnostics.subscribe("createos-execute:request", (m) => {
   const r = m as RequestDiagnosticsMessage;

@@ -6,7 +6,9 @@
 //
 // Runs one command in a CreateOS sandbox through `execute`, streams its stdout
 // and stderr live, and exits with its exit code. The API key comes from
-// CREATEOS_API_KEY and is never printed. Exit codes of its own: 2 usage,
+// CREATEOS_API_KEY and is never printed; the API URL and the sandbox from the flags, else
+// CREATEOS_API_URL and CREATEOS_SANDBOX_ID, and a CA to trust from CREATEOS_CA_FILE (the
+// names `createos-emulator` prints). Exit codes of its own: 2 usage,
 // 124 timed out, 125 cleanup unconfirmed, 1 any other failure; a command killed
 // by a signal exits 128 + the signal number, like a shell.
 
@@ -35,20 +37,30 @@ const USAGE = `usage: createos-exec [--local | --api-url URL --sandbox ID] [--ti
                      [--env K=V]... [--stdin-file FILE] -- command [args...]
 
   --local          start an embedded emulator and a sandbox, run there (no account needed)
-  --api-url URL    CreateOS API (e.g. https://api.sb.createos.sh); key from CREATEOS_API_KEY
-  --sandbox ID     the sandbox to run in
+  --api-url URL    CreateOS API (e.g. https://api.sb.createos.sh); default CREATEOS_API_URL
+  --sandbox ID     the sandbox to run in; default CREATEOS_SANDBOX_ID
   --timeout MS     time the command out after MS milliseconds (exit 124)
   --cwd DIR        working directory inside the sandbox
   --env K=V        environment variable for the command (repeatable)
   --stdin-file F   pass the contents of local file F as the command's stdin ('-' = this stdin)
+
+The key comes from CREATEOS_API_KEY; CREATEOS_CA_FILE names a PEM CA to trust (as
+createos-emulator --tls prints it).
 
 Exit status: the command's; 124 on timeout; 125 when cleanup could not be confirmed;
 2 on a usage error; 1 on any other error.`
 
 class UsageError extends Error {}
 
-function parseArgs(argv) {
-  const opts = { local: false, apiUrl: undefined, sandbox: undefined, timeout: undefined, cwd: undefined, env: {}, stdinFile: undefined, command: [] }
+// An environment variable's value, or undefined when it is unset or blank.
+function fromEnv(env, name) {
+  const value = env[name]
+  return typeof value === 'string' && value.trim() !== '' ? value.trim() : undefined
+}
+
+function parseArgs(argv, env = process.env) {
+  // A null-prototype object, so `--env __proto__=x` is a variable like any other.
+  const opts = { local: false, apiUrl: undefined, sandbox: undefined, timeout: undefined, cwd: undefined, env: Object.create(null), stdinFile: undefined, command: [] }
   let i = 0
   const value = (flag) => {
     if (i + 1 >= argv.length) throw new UsageError(`${flag} needs a value`)
@@ -110,7 +122,14 @@ function parseArgs(argv) {
   if (opts.help) return opts
   if (opts.command.length === 0) throw new UsageError('no command given')
   if (opts.local && (opts.apiUrl || opts.sandbox)) throw new UsageError('--local cannot be combined with --api-url or --sandbox')
-  if (!opts.local && (!opts.apiUrl || !opts.sandbox)) throw new UsageError('give --local, or both --api-url and --sandbox')
+  if (!opts.local) {
+    opts.apiUrl = opts.apiUrl || fromEnv(env, 'CREATEOS_API_URL')
+    opts.sandbox = opts.sandbox || fromEnv(env, 'CREATEOS_SANDBOX_ID')
+    opts.caFile = fromEnv(env, 'CREATEOS_CA_FILE')
+    if (!opts.apiUrl || !opts.sandbox) {
+      throw new UsageError('give --local, or both --api-url and --sandbox (or CREATEOS_API_URL and CREATEOS_SANDBOX_ID)')
+    }
+  }
   return opts
 }
 
@@ -178,7 +197,9 @@ async function main(argv) {
     if (Object.keys(opts.env).length) params.env = opts.env
     if (opts.stdinFile !== undefined) params.stdin = readStdin(opts.stdinFile)
 
-    const client = { config: { apiUrl, timeoutMs: 300_000, ...(opts.local ? { pacing: 'off' } : {}) }, apiKey }
+    const config = { apiUrl, timeoutMs: 300_000, ...(opts.local ? { pacing: 'off' } : {}) }
+    if (opts.caFile !== undefined) config.caCertPem = require('node:fs').readFileSync(opts.caFile, 'utf8')
+    const client = { config, apiKey }
     const result = await execute(client, params, controller.signal, (stream, text) => {
       ;(stream === 'stderr' ? process.stderr : process.stdout).write(text)
     })

@@ -1,8 +1,9 @@
 'use strict'
 
 // The host's client object (`client.config`, `client.apiKey`) → the plain config the native
-// client parses, and the warning for a misspelled config key. The fields' rules are checked
-// natively; this module only reads the fields this package knows and keeps them JSON.
+// client parses, and the warning for a misspelled config key. Only the fields this package
+// knows are read, each once, and each is type- and range-checked here before anything is sent;
+// the native config checks them again (the forms of URLs and certificates only there).
 
 const { CreateosInputError } = require('./errors.js')
 const { readField, ownKeys, describe } = require('./input.js')
@@ -11,7 +12,7 @@ const DEFAULT_TIMEOUT_MS = 300_000
 
 // The `client.config` fields this package reads. Nothing else of the host's config
 // object is touched (hosts put methods, getters and class instances there). Add a
-// field here when the native config learns it.
+// field here, and its check to CHECKS, when the native config learns it.
 const CONFIG_FIELDS = Object.freeze([
   'apiUrl',
   'apiKey',
@@ -31,40 +32,133 @@ const CONFIG_FIELDS = Object.freeze([
   '__panicAt',
 ])
 const PACING_FIELDS = Object.freeze(['limit', 'windowMs', 'intervalMs', 'store', 'key', 'allowPlaintextPassword'])
-const MAX_CONFIG_DEPTH = 4
+const PACING_MODES = Object.freeze(['window', 'spacing', 'off'])
+const MAX_GRACE_STEPS = 16
 
-// A known field's value as JSON the native config parses. A value JSON cannot hold
-// (a function, symbol, bigint, a getter that throws, too deep) becomes the string
-// '[invalid]', which the native check of that field rejects with its own message;
-// inside an object, only own enumerable string keys are read.
-const NOT_JSON = '[invalid]'
-function jsonValue(value, depth) {
-  switch (typeof value) {
-    case 'string':
-    case 'boolean':
-      return value
-    case 'number':
-      return Number.isFinite(value) ? value : NOT_JSON
-    case 'object': {
-      if (value === null) return null
-      if (depth >= MAX_CONFIG_DEPTH) return NOT_JSON
-      let keys
-      try {
-        if (Array.isArray(value)) return Array.from(value, (v) => jsonValue(v, depth + 1))
-        keys = Object.keys(value)
-      } catch {
-        return NOT_JSON
-      }
-      const out = {}
-      for (const key of keys) {
-        const field = readField(value, key)
-        if (field.value !== undefined || field.threw) out[key] = field.threw ? NOT_JSON : jsonValue(field.value, depth + 1)
-      }
-      return out
-    }
-    default:
-      return NOT_JSON
+// The native config's messages (crates/core/src/config.rs, net.rs): the same text here, so a
+// host sees one wording whichever layer refuses a value. JS adds what it got in parentheses.
+const MESSAGES = Object.freeze({
+  apiUrl: 'CreateOS requires an API URL.',
+  timeoutMs: 'timeoutMs must be an integer between 1 and 86400000.',
+  pacing: "pacing must be 'window', 'spacing', 'off' or an object { limit, windowMs, store, key } or { intervalMs, store, key }.",
+  'pacing.limit': 'pacing.limit must be an integer between 1 and 1000000.',
+  'pacing.windowMs': 'pacing.windowMs must be an integer between 1 and 3600000.',
+  'pacing.intervalMs': 'pacing.intervalMs must be an integer between 0 and 600000.',
+  'pacing.store': 'pacing.store must be a redis:// or rediss:// URL, or false.',
+  'pacing.key': 'pacing.key must be 1 to 200 printable ASCII characters without spaces or braces, and must not contain the API key.',
+  'pacing.allowPlaintextPassword': 'pacing.allowPlaintextPassword must be true or false.',
+  cleanupGraceMs: `cleanupGraceMs must be a non-empty array of at most ${MAX_GRACE_STEPS} integers between 0 and 600000.`,
+  cleanupDeadlineMs: 'cleanupDeadlineMs must be an integer between 1 and 86400000.',
+  confirmPollMs: 'confirmPollMs must be an integer between 1 and 600000.',
+  legacyCleanup: 'legacyCleanup must be true or false.',
+  leftoverProcesses: "leftoverProcesses must be 'keep' or 'terminate'.",
+  streamIdleTimeoutMs: 'streamIdleTimeoutMs must be an integer between 1000 and 3600000.',
+  proxy: 'proxy must be an http:// or https:// proxy URL.',
+  caCertPem: 'caCertPem must be a PEM string with at least one certificate.',
+})
+
+/** What a config value was, for a message: its type, or a number itself (never a string's content). */
+function got(field) {
+  if (field.threw) return 'a throwing getter'
+  const v = field.value
+  return typeof v === 'number' ? String(v) : describe(v)
+}
+
+function refuse(path, detail) {
+  return new CreateosInputError(`${MESSAGES[path]} (${detail})`)
+}
+
+// Each checker gets { value, threw } (a present value: not undefined or null) and returns the
+// JSON the native config parses, or throws a CreateosInputError naming the field.
+const integerIn = (path, min, max) => (field) => {
+  const v = field.value
+  if (field.threw || typeof v !== 'number' || !Number.isInteger(v) || v < min || v > max) throw refuse(path, `got ${got(field)}`)
+  return v
+}
+const stringField = (path) => (field) => {
+  if (field.threw || typeof field.value !== 'string') throw refuse(path, `got ${got(field)}`)
+  return field.value
+}
+const booleanField = (path) => (field) => {
+  if (field.threw || typeof field.value !== 'boolean') throw refuse(path, `got ${got(field)}`)
+  return field.value
+}
+const oneOf = (path, allowed) => (field) => {
+  if (field.threw || typeof field.value !== 'string' || !allowed.includes(field.value)) {
+    throw refuse(path, typeof field.value === 'string' ? 'got an unsupported string' : `got ${got(field)}`)
   }
+  return field.value
+}
+
+function graces(field) {
+  const v = field.value
+  if (field.threw || !Array.isArray(v)) throw refuse('cleanupGraceMs', `got ${got(field)}`)
+  let length
+  try {
+    length = v.length
+  } catch {
+    throw refuse('cleanupGraceMs', 'got an array that could not be read')
+  }
+  if (length === 0 || length > MAX_GRACE_STEPS) throw refuse('cleanupGraceMs', `got ${length} entries`)
+  const out = []
+  for (let i = 0; i < length; i++) {
+    const entry = readField(v, i)
+    if (entry.threw || typeof entry.value !== 'number' || !Number.isInteger(entry.value) || entry.value < 0 || entry.value > 600_000) {
+      throw refuse('cleanupGraceMs', `cleanupGraceMs[${i}] is ${got(entry)}`)
+    }
+    out.push(entry.value)
+  }
+  return out
+}
+
+const PACING_CHECKS = {
+  limit: integerIn('pacing.limit', 1, 1_000_000),
+  windowMs: integerIn('pacing.windowMs', 1, 3_600_000),
+  intervalMs: integerIn('pacing.intervalMs', 0, 600_000),
+  store: (field) => {
+    if (field.threw || (typeof field.value !== 'string' && field.value !== false)) throw refuse('pacing.store', `got ${got(field)}`)
+    return field.value
+  },
+  key: stringField('pacing.key'), // its content is checked in checkPacingKey, with the API key
+  allowPlaintextPassword: booleanField('pacing.allowPlaintextPassword'),
+}
+
+function pacing(field) {
+  const v = field.value
+  if (!field.threw && typeof v === 'string' && PACING_MODES.includes(v)) return v
+  if (field.threw || typeof v !== 'object' || Array.isArray(v) || ArrayBuffer.isView(v)) {
+    throw refuse('pacing', typeof v === 'string' ? 'got an unsupported string' : `got ${got(field)}`)
+  }
+  const out = {}
+  for (const key of PACING_FIELDS) {
+    const sub = readField(v, key)
+    if (!sub.threw && (sub.value === undefined || sub.value === null)) continue
+    out[key] = PACING_CHECKS[key](sub)
+  }
+  return out
+}
+
+// A pacing key is shared by every process using the same store: printable ASCII without spaces
+// or braces (braces would pick a Redis Cluster hash slot), and never the API key.
+function checkPacingKey(key, apiKey) {
+  const printable = /^[\x21-\x7a\x7c\x7e]+$/.test(key) // '!'..'~' without '{' (0x7b) and '}' (0x7d)
+  if (!printable || key.length > 200) throw refuse('pacing.key', `got ${key.length === 0 ? 'an empty string' : 'an unsupported string'}`)
+  if (apiKey !== '' && key.includes(apiKey)) throw refuse('pacing.key', 'it contains the API key')
+}
+
+// The checks of every field but apiUrl (read first) and __panicAt (a test hook, left to
+// the native check). Add a field here, and to CONFIG_FIELDS, when the native config learns it.
+const CHECKS = {
+  timeoutMs: integerIn('timeoutMs', 1, 86_400_000),
+  pacing,
+  cleanupGraceMs: graces,
+  confirmPollMs: integerIn('confirmPollMs', 1, 600_000),
+  cleanupDeadlineMs: integerIn('cleanupDeadlineMs', 1, 86_400_000),
+  legacyCleanup: booleanField('legacyCleanup'),
+  leftoverProcesses: oneOf('leftoverProcesses', ['keep', 'terminate']),
+  streamIdleTimeoutMs: integerIn('streamIdleTimeoutMs', 1000, 3_600_000),
+  proxy: stringField('proxy'),
+  caCertPem: stringField('caCertPem'),
 }
 
 // Which key: the client's own, else `config.apiKey`, else CREATEOS_API_KEY. An
@@ -85,7 +179,12 @@ function withStoreDefault(out) {
   return out
 }
 
-/** Host client (`client.config`, `client.apiKey`) or `{ config, apiKey }` → NativeClient. */
+/**
+ * Host client (`client.config`, `client.apiKey`) or `{ config, apiKey }` → NativeClient. Only
+ * the fields in CONFIG_FIELDS are read, each once; every one is type- and range-checked here,
+ * before anything is sent (the URL's, the store's, the proxy's and the certificate's form are
+ * checked natively, with the same kind of message).
+ */
 function nativeClient(client) {
   if (client === null || typeof client !== 'object') {
     throw new CreateosInputError(`client must be an object with a config object (got ${describe(client)}).`)
@@ -95,22 +194,28 @@ function nativeClient(client) {
     throw new CreateosInputError(`client.config must be an object (got ${describe(config)}).`)
   }
   warnUnknownFields(config)
-  const out = {}
-  for (const key of CONFIG_FIELDS) {
+  const apiUrl = readField(config, 'apiUrl')
+  if (apiUrl.threw || typeof apiUrl.value !== 'string') throw refuse('apiUrl', `apiUrl must be a string; got ${got(apiUrl)}`)
+  const out = { apiUrl: apiUrl.value }
+  for (const key of Object.keys(CHECKS)) {
     const field = readField(config, key)
-    if (field.threw) out[key] = NOT_JSON
-    else if (field.value !== undefined) out[key] = jsonValue(field.value, 1)
+    if (!field.threw && (field.value === undefined || field.value === null)) continue
+    out[key] = CHECKS[key](field)
   }
-  if (typeof out.apiUrl !== 'string' || out.apiUrl === NOT_JSON) {
-    const field = readField(config, 'apiUrl')
-    throw new CreateosInputError(`CreateOS requires an API URL: apiUrl must be a string (got ${field.threw ? 'a throwing getter' : describe(field.value)}).`)
+  const panicAt = readField(config, '__panicAt')
+  if (panicAt.threw || (panicAt.value !== undefined && panicAt.value !== null)) {
+    out.__panicAt = typeof panicAt.value === 'string' ? panicAt.value : NOT_JSON
   }
   out.apiKey = resolveApiKey(client, config)
+  if (out.pacing !== null && typeof out.pacing === 'object' && typeof out.pacing.key === 'string') checkPacingKey(out.pacing.key, out.apiKey)
   out.timeoutMs = out.timeoutMs ?? DEFAULT_TIMEOUT_MS
   // pacingStoreDefault is not a config field (not in CONFIG_FIELDS): only the environment sets it.
   withStoreDefault(out)
   return out
 }
+
+// A value the native check refuses with its own message (a test hook's wrong type).
+const NOT_JSON = '[invalid]'
 
 /** The client `waitForRequest` builds for an API URL alone. */
 function urlClient(apiUrl) {

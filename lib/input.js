@@ -23,6 +23,18 @@ function ownKeys(object) {
   }
 }
 
+// The TypeScript module's messages for the rules it had (crates/core/src/script.rs and
+// config.rs hold the same texts, the native backstop). Each input error keeps that text and
+// adds the field in parentheses: `Invalid sandbox environment variable. (env key "MY-VAR")`.
+const NUL_IN_VALUE = 'Sandbox command values cannot contain NUL.'
+const COMMAND_REQUIRED = 'A sandbox command is required.'
+const INVALID_ENV = 'Invalid sandbox environment variable.'
+const INVALID_SANDBOX_ID = 'Invalid sandbox ID.'
+const INVALID_PROCESS_ID = 'Invalid process ID.'
+const ID_RULE = "1 to 200 letters, digits, '-' or '_'"
+const ENV_NAME = /^[A-Za-z_][A-Za-z0-9_]*$/
+const MAX_SHOWN = 64
+
 // What a value is, for an input error's message: its type, never its content.
 function describe(value) {
   if (value === null) return 'null'
@@ -38,13 +50,44 @@ function describe(value) {
       if (Array.isArray(value)) return 'an array'
       if (typeof Buffer === 'function' && Buffer.isBuffer(value)) return 'a Buffer'
       if (ArrayBuffer.isView(value)) return `a ${value.constructor && value.constructor.name ? value.constructor.name : 'typed array'}`
+      if (value instanceof Map) return 'a Map'
+      if (value instanceof Set) return 'a Set'
+      if (!isPlainObject(value)) return `an instance of ${className(value)}`
       return 'an object'
   }
 }
 
+function className(value) {
+  try {
+    const name = Object.getPrototypeOf(value).constructor.name
+    if (typeof name === 'string' && /^[A-Za-z_$][\w$]{0,63}$/.test(name)) return name
+  } catch {
+    // A proxy or an odd prototype: no name to give.
+  }
+  return 'a class'
+}
+
+// An object literal or Object.create(null), from this realm or another (a vm context):
+// its prototype is null or a prototype whose own prototype is null, and it is no builtin.
+function isPlainObject(value) {
+  if (value === null || typeof value !== 'object') return false
+  try {
+    const proto = Object.getPrototypeOf(value)
+    if (proto === null) return true
+    return Object.getPrototypeOf(proto) === null && Object.prototype.toString.call(value) === '[object Object]'
+  } catch {
+    return false
+  }
+}
+
+// A caller's string inside a message (an env name): quoted, bounded, control characters escaped.
+function shown(text) {
+  return text.length > MAX_SHOWN ? `${JSON.stringify(text.slice(0, MAX_SHOWN))}…` : JSON.stringify(text)
+}
+
 // An env name as it appears in a message: `env.NAME`, or `env["odd name"]` (bounded).
 function envPath(key) {
-  return /^[A-Za-z_][A-Za-z0-9_]*$/.test(key) && key.length <= 64 ? `env.${key}` : `env[${JSON.stringify(key.slice(0, 64))}]`
+  return ENV_NAME.test(key) && key.length <= MAX_SHOWN ? `env.${key}` : `env[${shown(key)}]`
 }
 
 // Reads a parameter; a throwing getter is that field being invalid.
@@ -59,10 +102,25 @@ function requireString(value, path, what = 'a string') {
   return value
 }
 
+// A string the command uses: NUL would cut it short in the sandbox.
+function commandValue(value, path) {
+  requireString(value, path)
+  if (value.includes('\0')) throw new CreateosInputError(`${NUL_IN_VALUE} (${path})`)
+  return value
+}
+
+/** A sandbox or process ID as the API names them (`kind`: 'sandbox' or 'process'). */
+function requireId(value, path, kind) {
+  const message = kind === 'process' ? INVALID_PROCESS_ID : INVALID_SANDBOX_ID
+  if (typeof value !== 'string') throw new CreateosInputError(`${message} (${path} must be a string of ${ID_RULE}; got ${describe(value)})`)
+  if (!/^[A-Za-z0-9_-]{1,200}$/.test(value)) throw new CreateosInputError(`${message} (${path} must be ${ID_RULE})`)
+  return value
+}
+
 /**
- * The command parameters as plain JSON, every type checked here so that no value JSON cannot
- * hold (a Buffer, a function, a symbol, a bigint) reaches the native layer. The values'
- * rules (NUL, environment names, the sandbox id's form) are checked natively.
+ * The command parameters as plain JSON, every type and rule checked here (the native layer
+ * checks them again): no value JSON cannot hold (a Buffer, a function, a symbol, a bigint)
+ * reaches it, and a refusal names the field.
  */
 function nativeParams(params) {
   if (params === null || typeof params !== 'object') {
@@ -73,30 +131,42 @@ function nativeParams(params) {
   if (lease === null || typeof lease !== 'object') {
     throw new CreateosInputError(`lease must be an object with providerLeaseId (got ${describe(lease)}).`)
   }
-  out.sandboxId = requireString(param(lease, 'providerLeaseId', 'lease.providerLeaseId'), 'lease.providerLeaseId', 'a sandbox ID string')
+  out.sandboxId = requireId(param(lease, 'providerLeaseId', 'lease.providerLeaseId'), 'lease.providerLeaseId', 'sandbox')
   const command = param(params, 'command', 'command')
   if (typeof command !== 'string' || command === '') {
-    throw new CreateosInputError(`A sandbox command is required: command must be a non-empty string (got ${command === '' ? 'an empty string' : describe(command)}).`)
+    throw new CreateosInputError(`${COMMAND_REQUIRED} (command must be a non-empty string; got ${command === '' ? 'an empty string' : describe(command)})`)
   }
-  out.command = command
+  out.command = commandValue(command, 'command')
   const args = param(params, 'args', 'args')
   if (args !== undefined && args !== null) {
     if (!Array.isArray(args)) throw new CreateosInputError(`args must be an array of strings (got ${describe(args)}).`)
     // Array.from visits holes too (a hole is an undefined element).
-    out.args = Array.from(args, (arg, i) => requireString(arg, `args[${i}]`))
+    out.args = Array.from(args, (arg, i) => commandValue(arg, `args[${i}]`))
   }
   const cwd = param(params, 'cwd', 'cwd')
-  if (cwd !== undefined && cwd !== null) out.cwd = requireString(cwd, 'cwd')
+  if (cwd !== undefined && cwd !== null) out.cwd = commandValue(cwd, 'cwd')
   const env = param(params, 'env', 'env')
   if (env !== undefined && env !== null) {
-    if (typeof env !== 'object' || Array.isArray(env) || ArrayBuffer.isView(env)) {
-      throw new CreateosInputError(`env must be an object whose values are strings (got ${describe(env)}).`)
+    // Only a plain object: a Map's entries (or a class instance's fields) are not own
+    // enumerable keys, so reading one as an object would run the command without them.
+    if (!isPlainObject(env)) {
+      throw new CreateosInputError(`env must be a plain object whose values are strings (got ${describe(env)}).`)
     }
     out.env = {}
-    for (const key of ownKeys(env)) out.env[key] = requireString(param(env, key, envPath(key)), envPath(key))
+    for (const key of ownKeys(env)) {
+      if (!ENV_NAME.test(key)) throw new CreateosInputError(`${INVALID_ENV} (env key ${shown(key)})`)
+      const value = param(env, key, envPath(key))
+      if (typeof value !== 'string') throw new CreateosInputError(`${INVALID_ENV} (${envPath(key)} must be a string; got ${describe(value)})`)
+      out.env[key] = commandValue(value, envPath(key))
+    }
   }
   const stdin = param(params, 'stdin', 'stdin')
-  if (stdin !== undefined && stdin !== null) out.stdin = requireString(stdin, 'stdin', 'a string or null')
+  if (stdin !== undefined && stdin !== null) {
+    requireString(stdin, 'stdin', 'a string or null')
+    // Staged as a file, so NUL would survive; refused like every other value the caller passes.
+    if (stdin.includes('\0')) throw new CreateosInputError(`${NUL_IN_VALUE} (stdin)`)
+    out.stdin = stdin
+  }
   return out
 }
 
@@ -145,7 +215,10 @@ module.exports = {
   describe,
   param,
   requireString,
+  requireId,
   requireFunction,
+  isPlainObject,
+  NUL_IN_VALUE,
   nativeParams,
   guardLog,
   checkSignal,
