@@ -26,7 +26,7 @@ const CONFIG_FIELDS = Object.freeze([
   'streamIdleTimeoutMs',
   'proxy',
   'caCertPem',
-  // Read by lib/fetch-transport.js (which transport carries the requests); native ignores it.
+  // Which transport carries the requests (lib/fetch-transport.js); native ignores it.
   'transport',
   // Test hook: honoured only by a build with the `test-hooks` feature.
   '__panicAt',
@@ -55,6 +55,7 @@ const MESSAGES = Object.freeze({
   streamIdleTimeoutMs: 'streamIdleTimeoutMs must be an integer between 1000 and 3600000.',
   proxy: 'proxy must be an http:// or https:// proxy URL.',
   caCertPem: 'caCertPem must be a PEM string with at least one certificate.',
+  transport: "transport must be 'native' or 'fetch'.",
 })
 
 /** What a config value was, for a message: its type, or a number itself (never a string's content). */
@@ -159,6 +160,8 @@ const CHECKS = {
   streamIdleTimeoutMs: integerIn('streamIdleTimeoutMs', 1000, 3_600_000),
   proxy: stringField('proxy'),
   caCertPem: stringField('caCertPem'),
+  // Read by lib/fetch-transport.js; the native config ignores it.
+  transport: oneOf('transport', ['native', 'fetch']),
 }
 
 // Which key: the client's own, else `config.apiKey`, else CREATEOS_API_KEY. An
