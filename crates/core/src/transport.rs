@@ -286,3 +286,43 @@ impl Stream for BodyStream {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn request<'a>(method: &'a Method, key: &'a SecretString, payload: Payload) -> Request<'a> {
+        Request {
+            method,
+            url: "https://api.test/v1/sandboxes/sb/files?path=%2Ftmp%2Fx".to_owned(),
+            key,
+            payload,
+            timeout: None,
+        }
+    }
+
+    #[test]
+    fn host_requests_look_as_the_typescript_module_made_them() {
+        let key = SecretString::from("k-1".to_owned());
+        let r = host_request(request(&Method::POST, &key, Payload::Json(Bytes::from_static(br#"{"a":1}"#)))).unwrap();
+        assert_eq!(r.method, "POST");
+        assert_eq!(r.url, "https://api.test/v1/sandboxes/sb/files?path=%2Ftmp%2Fx");
+        let names: Vec<_> = r.headers.iter().map(|(k, _)| *k).collect();
+        assert_eq!(names, ["Content-Type", "X-Api-Key"]);
+        assert_eq!(r.headers[0].1, "application/json");
+        assert!(matches!(r.body, HostBody::Text(ref t) if t == r#"{"a":1}"#));
+        let r = host_request(request(&Method::GET, &key, Payload::Empty)).unwrap();
+        assert_eq!(r.headers.len(), 1);
+        assert!(matches!(r.body, HostBody::None));
+        let r = host_request(request(&Method::PUT, &key, Payload::Octets(Bytes::from_static(b"\xff\x00")))).unwrap();
+        assert_eq!(r.headers[0].1, "application/octet-stream");
+        assert!(matches!(r.body, HostBody::Bytes(_)), "an upload that is not UTF-8 goes as bytes");
+        assert_eq!(format!("{r:?}"), "HostRequest(<redacted>)", "the key and the query never format");
+    }
+
+    #[test]
+    fn a_key_that_cannot_be_a_header_is_refused_before_the_host_sees_it() {
+        let key = SecretString::from("a\nb".to_owned());
+        assert!(matches!(host_request(request(&Method::GET, &key, Payload::Empty)), Err(SendError::BadKey)));
+    }
+}
