@@ -1,7 +1,9 @@
 // A host's suite: globalThis.fetch stubbed with vi.stubGlobal, answering JSend envelopes and
 // NDJSON streams. Every request of execute, executeStream, followProcess and destroySandbox
 // must reach the stub, with the init the TypeScript module used.
+import diagnostics from 'node:diagnostics_channel'
 import { afterEach, describe, expect, it, vi } from 'vitest'
+import { createRequire } from 'node:module'
 import {
   lib, client, params, createosFixture, ndjson, data, exit, assertInit, API, SANDBOX,
 } from './host-fetch-fixture.mjs'
@@ -145,6 +147,27 @@ describe('the other entry points through the host fetch', () => {
     for (const r of fx.requests) assertInit(expect, r)
   })
 
+  it('a redirect the stub answers is refused, as natively, and the message holds no URL or key', async () => {
+    install({ execStream: () => new Response(null, { status: 302, headers: { location: 'https://elsewhere.test/?k=1' } }) })
+    const error = await lib.executeStream(client(), params(), AbortSignal.timeout(30_000)).then(() => null, (e) => e)
+    expect(error.message).toBe('CreateOS answered with a redirect, which is refused.')
+    expect(`${error.stack} ${JSON.stringify(error)}`).not.toMatch(/createos\.test|elsewhere|sk-host/)
+  })
+
+  it('diagnostics_channel events are the same through the host fetch', async () => {
+    install()
+    const events = []
+    const listener = (m) => events.push(m)
+    diagnostics.subscribe('createos-execute:request', listener)
+    try {
+      await lib.execute(client(), params(), AbortSignal.timeout(30_000))
+    } finally {
+      diagnostics.unsubscribe('createos-execute:request', listener)
+    }
+    expect(events.find((e) => e.operation === 'process creation')).toMatchObject({ method: 'POST', status: 201, outcome: 'ok', attempt: 1 })
+    expect(events.find((e) => e.operation === 'output connection')).toMatchObject({ method: 'GET', status: 200 })
+  })
+
   it("transport: 'native' bypasses the stub", async () => {
     const fx = install()
     const error = await lib.destroySandbox(client({ transport: 'native', apiUrl: 'http://127.0.0.1:9', cleanupDeadlineMs: 2_000 }), SANDBOX).then(() => null, (e) => e)
@@ -155,5 +178,24 @@ describe('the other entry points through the host fetch', () => {
   it('a transport that is neither is an input error', async () => {
     install()
     await expect(lib.destroySandbox(client({ transport: 'curl' }), SANDBOX)).rejects.toMatchObject({ code: 'CREATEOS_INVALID_INPUT' })
+  })
+})
+
+describe("telling Node's own fetch and dispatcher from the host's", () => {
+  const { isNodeFetch, isNodeDispatcher } = createRequire(import.meta.url)('../../lib/fetch-transport.js')
+  const DISPATCHER = Symbol.for('undici.globalDispatcher.1')
+
+  it("Node's fetch and the default Agent Node created are Node's own; a stub, a wrapper or a Proxy is not", async () => {
+    await fetch('data:,x') // Node's bundled undici creates its default dispatcher
+    expect(globalThis[DISPATCHER]).toBeDefined()
+    expect(isNodeDispatcher(globalThis[DISPATCHER])).toBe(true)
+    const own = globalThis.fetch
+    expect(isNodeFetch(own)).toBe(true)
+    expect(isNodeFetch(vi.fn())).toBe(false)
+    expect(isNodeFetch((input, init) => own(input, init))).toBe(false)
+    expect(isNodeFetch(new Proxy(own, {}))).toBe(false)
+    expect(isNodeDispatcher({ dispatch() { return true } })).toBe(false)
+    class Agent { dispatch() { throw new Error('handler must be an object') } }
+    expect(isNodeDispatcher(new Agent())).toBe(false)
   })
 })
