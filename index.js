@@ -17,7 +17,7 @@ const {
   CreateosApiError, CreateosCleanupError, CreateosDestroyError, CreateosInputError,
   isCreateosCleanupError, isCreateosError, emitWarnings, unwrap, isCancelled,
 } = require('./lib/errors.js')
-const { nativeClient, urlClient } = require('./lib/config.js')
+const { nativeClient, urlClient, clientSecrets } = require('./lib/config.js')
 const { nativeParams, guardLog, requireString, requireId, requireFunction, NUL_IN_VALUE } = require('./lib/input.js')
 const { withCancel } = require('./lib/cancel.js')
 const { diagnosticsCallback } = require('./lib/diagnostics.js')
@@ -26,7 +26,7 @@ const { transportFor } = require('./lib/fetch-transport.js')
 
 async function execute(client, params, signal, log) {
   const c = nativeClient(client)
-  const p = nativeParams(params)
+  const p = nativeParams(params, clientSecrets(c))
   const onLog = guardLog(log)
   const onDiag = diagnosticsCallback()
   const transport = transportFor(c.transport)
@@ -35,7 +35,7 @@ async function execute(client, params, signal, log) {
 
 async function executeStream(client, params, signal, log) {
   const c = nativeClient(client)
-  const p = nativeParams(params)
+  const p = nativeParams(params, clientSecrets(c))
   const onLog = guardLog(log)
   const onDiag = diagnosticsCallback()
   const transport = transportFor(c.transport)

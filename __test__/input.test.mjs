@@ -230,6 +230,23 @@ for (const [name, override, message] of BAD) {
   })
 }
 
+test('an env name that holds the API key or a store password is named by its position, never shown', async () => {
+  const key = ctx.apiKey
+  const store = 'redis://:pw-9f3e1c@127.0.0.1:6379/0'
+  const cases = [
+    [{}, { OK: 'x', [`${key}-X`]: 'v' }, 'Invalid sandbox environment variable. (env key #2, which holds a secret of the client)'],
+    [{}, { [`T_${key}`]: 'a\0b' }, 'Sandbox command values cannot contain NUL. (env key #1)'],
+    [{ pacing: { store } }, { 'x-pw-9f3e1c': 'v' }, 'Invalid sandbox environment variable. (env key #1, which holds a secret of the client)'],
+  ]
+  for (const [config, env, message] of cases) {
+    const error = await rejection(execute(ctx.client(config), { ...bashParams(sandbox, 'echo'), env }))
+    assert.ok(error instanceof CreateosInputError, String(error))
+    assert.equal(error.message, message)
+    assertNoSecrets(error, [key, 'pw-9f3e1c'])
+  }
+  assert.deepEqual(ctx.requests(), [])
+})
+
 test('env as an object from another realm or with no prototype is a plain object: its variables are set', async () => {
   const { runInNewContext } = await import('node:vm')
   const bare = Object.create(null)

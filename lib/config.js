@@ -220,6 +220,23 @@ function nativeClient(client) {
 // A value the native check refuses with its own message (a test hook's wrong type).
 const NOT_JSON = '[invalid]'
 
+// The password of a redis:// or rediss:// store URL, if it has one.
+function storePassword(url) {
+  if (typeof url !== 'string') return ''
+  try {
+    const password = new URL(url.trim()).password
+    return password ? decodeURIComponent(password) : ''
+  } catch {
+    return ''
+  }
+}
+
+/** The secrets of a native client (its key, store passwords): never shown in a message. */
+function clientSecrets(c) {
+  const store = c.pacing !== null && typeof c.pacing === 'object' ? c.pacing.store : undefined
+  return [c.apiKey, storePassword(store), storePassword(c.pacingStoreDefault)].filter((s) => s !== '')
+}
+
 /** The client `waitForRequest` builds for an API URL alone. */
 function urlClient(apiUrl) {
   return withStoreDefault({ apiUrl, apiKey: '', timeoutMs: DEFAULT_TIMEOUT_MS })
@@ -295,4 +312,4 @@ function warnUnknownFields(config) {
   if (pacing !== null && typeof pacing === 'object' && !Array.isArray(pacing)) check(ownKeys(pacing), PACING_FIELDS, 'pacing.')
 }
 
-module.exports = { CONFIG_FIELDS, PACING_FIELDS, DEFAULT_TIMEOUT_MS, nativeClient, urlClient }
+module.exports = { CONFIG_FIELDS, PACING_FIELDS, DEFAULT_TIMEOUT_MS, nativeClient, urlClient, clientSecrets }

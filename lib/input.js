@@ -34,6 +34,8 @@ const INVALID_PROCESS_ID = 'Invalid process ID.'
 const ID_RULE = "1 to 200 letters, digits, '-' or '_'"
 const ENV_NAME = /^[A-Za-z_][A-Za-z0-9_]*$/
 const MAX_SHOWN = 64
+// Shorter secrets are not looked for in env names (every name would hold a 1-letter one).
+const MIN_SECRET = 4
 
 // What a value is, for an input error's message: its type, never its content.
 function describe(value) {
@@ -85,9 +87,18 @@ function shown(text) {
   return text.length > MAX_SHOWN ? `${JSON.stringify(text.slice(0, MAX_SHOWN))}…` : JSON.stringify(text)
 }
 
-// An env name as it appears in a message: `env.NAME`, or `env["odd name"]` (bounded).
-function envPath(key) {
-  return ENV_NAME.test(key) && key.length <= MAX_SHOWN ? `env.${key}` : `env[${shown(key)}]`
+// How a message names env key number `index`: `env.NAME`, `env["odd name"]` (bounded), or,
+// when the name holds one of the client's secrets (its API key, a store password), only its
+// position: a secret never appears in a message, wherever the caller put it.
+function envNamer(secrets) {
+  const holdsSecret = (key) => secrets.some((secret) => key.includes(secret))
+  return {
+    path: (key, index) => {
+      if (holdsSecret(key)) return `env key #${index + 1}`
+      return ENV_NAME.test(key) && key.length <= MAX_SHOWN ? `env.${key}` : `env[${shown(key)}]`
+    },
+    key: (key, index) => (holdsSecret(key) ? `env key #${index + 1}, which holds a secret of the client` : `env key ${shown(key)}`),
+  }
 }
 
 // Reads a parameter; a throwing getter is that field being invalid.
@@ -120,9 +131,10 @@ function requireId(value, path, kind) {
 /**
  * The command parameters as plain JSON, every type and rule checked here (the native layer
  * checks them again): no value JSON cannot hold (a Buffer, a function, a symbol, a bigint)
- * reaches it, and a refusal names the field.
+ * reaches it, and a refusal names the field. `secrets` (the client's key, store passwords) are
+ * never shown, even where the caller put one into an env name.
  */
-function nativeParams(params) {
+function nativeParams(params, secrets = []) {
   if (params === null || typeof params !== 'object') {
     throw new CreateosInputError(`params must be an object with lease and command (got ${describe(params)}).`)
   }
@@ -153,12 +165,13 @@ function nativeParams(params) {
       throw new CreateosInputError(`env must be a plain object whose values are strings (got ${describe(env)}).`)
     }
     out.env = {}
-    for (const key of ownKeys(env)) {
-      if (!ENV_NAME.test(key)) throw new CreateosInputError(`${INVALID_ENV} (env key ${shown(key)})`)
-      const value = param(env, key, envPath(key))
-      if (typeof value !== 'string') throw new CreateosInputError(`${INVALID_ENV} (${envPath(key)} must be a string; got ${describe(value)})`)
-      out.env[key] = commandValue(value, envPath(key))
-    }
+    const name = envNamer(secrets.filter((secret) => typeof secret === 'string' && secret.length >= MIN_SECRET))
+    ownKeys(env).forEach((key, i) => {
+      if (!ENV_NAME.test(key)) throw new CreateosInputError(`${INVALID_ENV} (${name.key(key, i)})`)
+      const value = param(env, key, name.path(key, i))
+      if (typeof value !== 'string') throw new CreateosInputError(`${INVALID_ENV} (${name.path(key, i)} must be a string; got ${describe(value)})`)
+      out.env[key] = commandValue(value, name.path(key, i))
+    })
   }
   const stdin = param(params, 'stdin', 'stdin')
   if (stdin !== undefined && stdin !== null) {
