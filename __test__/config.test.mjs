@@ -112,3 +112,17 @@ test('CONFIG_FIELDS in lib/config.js lists every field the native config reads',
   assert.ok(read.length >= 10, read.join(','))
   assert.deepEqual(read.filter((k) => !listed.has(k)), [])
 })
+
+test('the JS checks use the native checks\' texts (one wording whichever layer refuses)', async () => {
+  const { readFileSync } = await import('node:fs')
+  const { createRequire } = await import('node:module')
+  const { ROOT } = await import('./helpers.mjs')
+  const { MESSAGES } = createRequire(import.meta.url)('../lib/config.js')
+  const rust = ['config.rs', 'net.rs', 'client.rs'].map((f) => readFileSync(`${ROOT}/crates/core/src/${f}`, 'utf8')).join('\n')
+  const texts = new Set([...rust.matchAll(/pub const [A-Z_]+: &str =\s*"((?:[^"\\]|\\.)*)";/g)].map((m) => m[1].replace(/\\"/g, '"')))
+  // The JS text says more than the native one: the entry limit (the native check has it too).
+  const jsOnly = new Set(['apiUrl', 'cleanupGraceMs', 'pacing.allowPlaintextPassword'])
+  const missing = Object.entries(MESSAGES).filter(([field, text]) => !jsOnly.has(field) && !texts.has(text))
+  assert.deepEqual(missing, [])
+  assert.ok(Object.keys(MESSAGES).length >= 15)
+})

@@ -312,4 +312,4 @@ function warnUnknownFields(config) {
   if (pacing !== null && typeof pacing === 'object' && !Array.isArray(pacing)) check(ownKeys(pacing), PACING_FIELDS, 'pacing.')
 }
 
-module.exports = { CONFIG_FIELDS, PACING_FIELDS, DEFAULT_TIMEOUT_MS, nativeClient, urlClient, clientSecrets }
+module.exports = { CONFIG_FIELDS, PACING_FIELDS, DEFAULT_TIMEOUT_MS, MESSAGES, nativeClient, urlClient, clientSecrets }

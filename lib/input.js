@@ -49,12 +49,16 @@ function describe(value) {
     case 'symbol': return 'a symbol'
     case 'function': return 'a function'
     default:
-      if (Array.isArray(value)) return 'an array'
-      if (typeof Buffer === 'function' && Buffer.isBuffer(value)) return 'a Buffer'
-      if (ArrayBuffer.isView(value)) return `a ${value.constructor && value.constructor.name ? value.constructor.name : 'typed array'}`
-      if (value instanceof Map) return 'a Map'
-      if (value instanceof Set) return 'a Set'
-      if (!isPlainObject(value)) return `an instance of ${className(value)}`
+      try {
+        if (Array.isArray(value)) return 'an array'
+        if (typeof Buffer === 'function' && Buffer.isBuffer(value)) return 'a Buffer'
+        if (ArrayBuffer.isView(value)) return `a ${value.constructor && value.constructor.name ? value.constructor.name : 'typed array'}`
+        if (value instanceof Map) return 'a Map'
+        if (value instanceof Set) return 'a Set'
+        if (!isPlainObject(value)) return `an instance of ${className(value)}`
+      } catch {
+        // A proxy whose traps throw: an object all the same.
+      }
       return 'an object'
   }
 }
