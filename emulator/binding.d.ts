@@ -22,6 +22,13 @@ export declare class Emulator {
    * that clears its environment and calls `setsid` escapes).
    */
   get tracking(): 'cgroup-v2' | 'cgroup-v1' | 'marker'
+  /**
+   * Whether each command sees its sandbox's workspace on `/workspace` (a private mount
+   * namespace per tree, where the emulator runs as root).
+   */
+  get workspaceMounted(): boolean
+  /** Whether each tree with a cgroup sees its leaf as the root of every cgroup hierarchy. */
+  get cgroupView(): boolean
   /** The profile it serves: `full` or `documented` (the documented minimum of the API). */
   get profile(): 'full' | 'documented'
   /** The emulator's own throwaway key. */

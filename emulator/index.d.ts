@@ -196,6 +196,19 @@ export declare class Emulator {
    * process that clears its environment and leaves the process group escapes.
    */
   readonly tracking: EmulatorTracking
+  /**
+   * Every command sees its sandbox's workspace mounted on `/workspace` (a private mount
+   * namespace per tree, where the emulator runs as root), so `cwd: '/workspace'` and paths
+   * under it work as on the real API. `false`: `/workspace` is mapped only in the files API
+   * and a process's `cwd` field (see docs/emulator.md, "Paths").
+   */
+  readonly workspaceMounted: boolean
+  /**
+   * Every tree with a cgroup sees its leaf as the root of each cgroup hierarchy (a cgroup
+   * namespace and bind mounts), so writing its pid to any `cgroup.procs` it can see keeps it
+   * in its leaf. Either way a process that leaves its leaf is moved back and killed with it.
+   */
+  readonly cgroupView: boolean
   /** The profile it serves (see `EmulatorOptions.profile`). */
   readonly profile: 'full' | 'documented'
   /** TCP connections accepted so far (including ones whose TLS handshake failed). */

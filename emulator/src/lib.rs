@@ -111,6 +111,19 @@ impl Emulator {
         self.inner.tracking().as_str().to_owned()
     }
 
+    /// Whether each command sees its sandbox's workspace on `/workspace` (a private mount
+    /// namespace per tree, where the emulator runs as root).
+    #[napi(getter)]
+    pub fn workspace_mounted(&self) -> bool {
+        self.inner.workspace_mounted()
+    }
+
+    /// Whether each tree with a cgroup sees its leaf as the root of every cgroup hierarchy.
+    #[napi(getter)]
+    pub fn cgroup_view(&self) -> bool {
+        self.inner.cgroup_view()
+    }
+
     /// The profile it serves: `full` or `documented` (the documented minimum of the API).
     #[napi(getter, ts_return_type = "'full' | 'documented'")]
     pub fn profile(&self) -> String {

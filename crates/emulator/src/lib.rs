@@ -20,6 +20,11 @@
 //! * Absolute paths are **host** paths (identity mapping). The one rewrite: a path equal to
 //!   `/workspace` or starting with `/workspace/` is mapped onto the sandbox's workspace dir, both
 //!   in the files API and in a process `cwd`. A relative `cwd` is resolved against the workspace.
+//! * Where the emulator runs as root ([`Emulator::workspace_mounted`]), every tree also runs in a
+//!   private mount namespace with its sandbox's workspace bind-mounted on `/workspace`, so
+//!   `cd /workspace` and paths under it work in the command itself, as on the real API (the
+//!   emulator creates the empty mount point `/workspace` on the host when it is missing; the
+//!   host's own `/workspace` is never written). Elsewhere only the rewrite above applies.
 //! * The files API (`PUT`/`GET /v1/sandboxes/{id}/files?path=`) only accepts paths under `/tmp/`
 //!   or under that sandbox's workspace (after the rewrite). Paths must be absolute, must not
 //!   contain `..` components and must not contain NUL; otherwise the answer is 400. A `PUT`
@@ -37,7 +42,14 @@
 //! enabled there, else the v1 `pids` and `freezer` hierarchies, else v2 without a `pids` bound.
 //! The child writes itself into the leaf after the fork and before it executes the command, so
 //! every process the command ever starts is a member, whatever it does to its environment,
-//! session or parent; only one that writes itself into another cgroup leaves. The tree is the
+//! session or parent. Where the emulator runs as root ([`Emulator::cgroup_view`]) the child
+//! then enters a cgroup namespace rooted at its leaf and a mount namespace in which each cgroup
+//! hierarchy's mount point shows its own cgroup, so every `cgroup.procs` it can see is inside
+//! its leaf. A process that still writes itself into another cgroup (through a path of the
+//! host's) is found by the membership check whenever its leaf looks empty: a live process that
+//! names the tree (in another hierarchy's cgroup path, its environment marker, or its process
+//! group) but is not in the leaf is moved back into it, so the tree is not exited and is killed
+//! whole. The tree is the
 //! leaf's members; it has exited once the leader was reaped and the leaf lists no process (an
 //! empty cgroup stays empty). Killing it (DELETE, a sandbox DELETE, an exec's timeout, `close`)
 //! freezes the leaf, signals every member, thaws it (the order systemd uses: nothing forks past
@@ -111,6 +123,7 @@ compile_error!(
 
 mod cgroup;
 mod faults;
+mod isolate;
 mod model;
 mod net;
 mod procfs;
@@ -545,6 +558,8 @@ pub async fn start(opts: EmulatorOptions) -> std::io::Result<Emulator> {
         })?,
         None => None,
     };
+    // Probed once per OS process (a child tries each step), before the first tree needs it.
+    let _ = isolate::get();
     let tls = if opts.tls { Some(tls::make(&instance, opts.http2)?) } else { None };
     let listener = tokio::net::TcpListener::bind(("127.0.0.1", opts.port)).await?;
     let addr = listener.local_addr()?;
@@ -624,6 +639,19 @@ impl Emulator {
 
     pub fn api_key(&self) -> String {
         self.inner.api_key.clone()
+    }
+
+    /// Whether every tree sees its sandbox's workspace mounted on `/workspace` (a private mount
+    /// namespace per tree, where the emulator runs as root); else `/workspace` is mapped only
+    /// in the files API and the `cwd` field (see "Sandbox filesystem mapping").
+    pub fn workspace_mounted(&self) -> bool {
+        isolate::get().workspace
+    }
+
+    /// Whether every tree with a cgroup sees its leaf as the root of each cgroup hierarchy (a
+    /// cgroup namespace and fresh cgroup mounts), so no `cgroup.procs` it can see leads out.
+    pub fn cgroup_view(&self) -> bool {
+        self.inner.cgroups.is_some() && isolate::get().cgroup_view
     }
 
     /// The profile it serves ([`EmulatorOptions::profile`]).

@@ -560,7 +560,7 @@ async fn handle(
         "getFile" => get_file(&sb, query).await,
         "exec" | "execStream" => exec(inner, &sb, query, body, rm.name == "execStream", fired).await,
         "createProcess" => create_process(inner, &sb, body),
-        "listProcesses" if inner.profile == Profile::Documented => list_all_processes(&sb),
+        "listProcesses" if inner.profile == Profile::Documented => list_all_processes(&sb, fired),
         "listProcesses" => list_processes(&sb, query, fired),
         _ => {
             let Some(p) = rm.process.as_deref().and_then(|id| sb.process(id)) else {
@@ -605,9 +605,11 @@ fn list_processes(sb: &Sandbox, query: &HashMap<String, String>, fired: &Fired) 
 }
 
 /// The documented profile's list: `data.processes[]`, every retained process, oldest first,
-/// whatever `limit`/`offset` say, with no `pagination` (the API notes document none).
-fn list_all_processes(sb: &Sandbox) -> Response {
-    let page: Vec<Value> = sb.procs.lock().unwrap().iter().map(|p| p.to_json()).collect();
+/// whatever `limit`/`offset` say, with no `pagination` (the API notes document none). A
+/// `pageSize` fault cuts it to its first `limit` processes (a server that caps silently).
+fn list_all_processes(sb: &Sandbox, fired: &Fired) -> Response {
+    let cap = fired.page_size.unwrap_or(usize::MAX);
+    let page: Vec<Value> = sb.procs.lock().unwrap().iter().take(cap).map(|p| p.to_json()).collect();
     ok(StatusCode::OK, json!({ "processes": page }))
 }
 
