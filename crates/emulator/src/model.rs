@@ -745,15 +745,9 @@ pub(crate) async fn reaper(inner: Arc<Inner>) {
 /// seen alive and killed with the tree. True when one was found.
 async fn recapture(inner: &Inner, p: &Arc<Proc>) -> bool {
     let Some(leaf) = p.leaf.clone() else { return false };
-    // A member's `mark` names its leaf; a stray's (outside every leaf of ours) comes from its
-    // initial environment.
-    let found = procfs::scan_async(p.filter(inner)).await;
-    let members = leaf.members().unwrap_or_default();
-    let strays: Vec<i32> = found.iter().map(|e| e.pid).filter(|pid| !members.contains(pid)).collect();
-    for pid in &strays {
-        leaf.adopt(*pid);
-    }
-    !strays.is_empty()
+    let marker = p.marker.clone();
+    let group = inner.groups.lock().unwrap().contains_key(&p.pid).then_some(p.pid);
+    tokio::task::spawn_blocking(move || !leaf.recapture(&marker, group).is_empty()).await.unwrap_or(true)
 }
 
 /// Whether anything of the tree is alive: its cgroup's members (and whatever left it), else a

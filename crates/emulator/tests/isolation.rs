@@ -189,9 +189,8 @@ async fn escape_round(emu: &Emulator, sb: &str, script: &str, arg: &str) -> Resu
     assert_eq!(s, 200, "{w}");
     // The escape is made before `exec sleep`: once the marker file exists it was tried.
     let end = Instant::now() + Duration::from_secs(10);
-    while (sleepers(arg).is_empty() || !std::path::Path::new(&format!("/tmp/.escape-{arg}")).exists())
-        && Instant::now() < end
-    {
+    let outcome = || std::fs::read_to_string(format!("/tmp/.escape-{arg}")).unwrap_or_default();
+    while (sleepers(arg).is_empty() || outcome().trim().is_empty()) && Instant::now() < end {
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
     let pids = sleepers(arg);
