@@ -5,7 +5,7 @@
 
 use std::time::{Duration, Instant};
 
-use createos_test_support::emulator::{self, Emulator, EmulatorOptions, Tracking};
+use createos_test_support::emulator::{self, Emulator, EmulatorOptions, TrackingMode};
 use createos_test_support::{sleepers, unique_sleep};
 use serde_json::{json, Value};
 
@@ -125,51 +125,56 @@ async fn workspace_is_each_sandboxs_own_directory() {
     assert!(!host_leak, "nothing was written to the host's /workspace");
 }
 
-/// The escape of a tracked tree: a process that writes its own pid into the root
-/// `cgroup.procs` of the hierarchy that tells membership (v1 `pids`, or the v2 root), and one
-/// that reaches the host's hierarchy through `/proc/1/root` (past the view its namespace
-/// gives it). Both stay part of the tree: not exited while they live, killed by DELETE, gone.
+/// The escape of a tracked tree, under each cgroup layout the machine offers: a process that
+/// writes its own pid into the root `cgroup.procs` of every hierarchy it can see (the v1 `pids`
+/// root, the v2 root), and one that reaches the host's hierarchies through the emulator's
+/// `/proc/<pid>/root` (past the view its namespace gives it). Both stay part of the tree: not
+/// exited while they live, killed by DELETE, proven gone.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_tree_that_writes_itself_into_a_root_cgroup_stays_in_its_leaf() {
     if skip_unless_root("cgroup tracking") {
         return;
     }
-    let emu = emulator::start(opts()).await.unwrap();
-    if emu.tracking() == Tracking::Marker {
-        emu.close().await;
-        assert!(!in_ci(), "CI runs a cgroup mode");
-        println!("skipped: no writable cgroup hierarchy here");
-        return;
-    }
-    let view = emu.cgroup_view();
-    println!("cgroup view: {view}");
-    let sb = emu.create_sandbox_now();
-    // Through its own view (any cgroup.procs it can see is its leaf's), then through the
-    // emulator's root directory, which reaches the host's hierarchy (the kernel takes that
-    // write: the membership check must catch it).
-    let through_view = "/sys/fs/cgroup/pids/cgroup.procs /sys/fs/cgroup/cgroup.procs";
-    let through_host = "/proc/$EMU/root/sys/fs/cgroup/pids/cgroup.procs /proc/$EMU/root/sys/fs/cgroup/cgroup.procs";
     let mut failures = Vec::new();
-    for (n, files) in [through_view, through_host].into_iter().enumerate() {
-        let arg = unique_sleep(300 + u32::try_from(n).unwrap());
-        let script = format!(
-            "EMU=$PPID setsid bash -c 'r=none; for f in {files}; do [ -e \"$f\" ] || continue; \
-               if echo $BASHPID > \"$f\"; then r=moved; else r=refused; fi; break; done 2>/dev/null; \
-               echo $r > /tmp/.escape-{arg}; exec sleep {arg}' </dev/null >/dev/null 2>&1 & \
-             echo started"
-        );
-        let outcome = escape_round(&emu, &sb, &script, &arg).await;
-        let said = std::fs::read_to_string(format!("/tmp/.escape-{arg}")).unwrap_or_default();
-        let _ = std::fs::remove_file(format!("/tmp/.escape-{arg}"));
-        println!("{files}: the write was {}", said.trim());
-        if n == 1 && said.trim() != "moved" {
-            failures.push(format!("{files}: the escape was not made ({said:?}): the test proves nothing"));
+    let mut layouts = 0;
+    for mode in [TrackingMode::CgroupV2, TrackingMode::CgroupV1] {
+        let Ok(emu) = emulator::start(EmulatorOptions { tracking: mode, ..opts() }).await else {
+            println!("{}: not offered here", mode.as_str());
+            continue;
+        };
+        layouts += 1;
+        println!("{}: cgroup view {}", mode.as_str(), emu.cgroup_view());
+        let sb = emu.create_sandbox_now();
+        // Through its own view (any cgroup.procs it can see is inside its leaf), then through
+        // the emulator's root directory, which reaches the host's hierarchies (the kernel takes
+        // that write: the membership check must catch it).
+        let roots = "sys/fs/cgroup/pids/cgroup.procs sys/fs/cgroup/unified/cgroup.procs sys/fs/cgroup/cgroup.procs";
+        let through_view: String = roots.split(' ').map(|f| format!("/{f}")).collect::<Vec<_>>().join(" ");
+        let through_host: String =
+            roots.split(' ').map(|f| format!("/proc/$EMU/root/{f}")).collect::<Vec<_>>().join(" ");
+        for (n, files) in [through_view, through_host].into_iter().enumerate() {
+            let arg = unique_sleep(300 + u32::try_from(n).unwrap());
+            let script = format!(
+                "EMU=$PPID setsid bash -c 'r=none; for f in {files}; do [ -e \"$f\" ] || continue; \
+                   if echo $BASHPID > \"$f\"; then r=moved; elif [ $r = none ]; then r=refused; fi; done 2>/dev/null; \
+                   echo $r > /tmp/.escape-{arg}; exec sleep {arg}' </dev/null >/dev/null 2>&1 & \
+                 echo started"
+            );
+            let outcome = escape_round(&emu, &sb, &script, &arg).await;
+            let said = std::fs::read_to_string(format!("/tmp/.escape-{arg}")).unwrap_or_default();
+            let _ = std::fs::remove_file(format!("/tmp/.escape-{arg}"));
+            let what = if n == 0 { "its own view" } else { "the host's hierarchies" };
+            println!("{}, {what}: the write was {}", mode.as_str(), said.trim());
+            if n == 1 && said.trim() != "moved" {
+                failures.push(format!("{}, {what}: the escape was not made ({said:?})", mode.as_str()));
+            }
+            if let Err(e) = outcome {
+                failures.push(format!("{}, {what}: {e}", mode.as_str()));
+            }
         }
-        if let Err(e) = outcome {
-            failures.push(format!("{files}: {e}"));
-        }
+        emu.close().await;
     }
-    emu.close().await;
+    assert!(layouts > 0 || !in_ci(), "CI offers a cgroup layout");
     assert_eq!(failures, Vec::<String>::new());
 }
 
