@@ -1,6 +1,7 @@
 //! Sandboxes, managed processes, the output journal and the tree reaper.
 
 use std::collections::{HashMap, HashSet, VecDeque};
+use std::os::fd::{AsFd, AsRawFd};
 use std::path::{Component, Path, PathBuf};
 use std::process::Stdio;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicU8, Ordering};
@@ -27,6 +28,9 @@ pub(crate) const CAPTURE_CAP: usize = 64 * 1024 * 1024;
 const REAP_POLL: Duration = Duration::from_millis(25);
 /// The exit frame waits at most this long for the pipes to reach EOF after the leader exited.
 const EOF_GRACE: Duration = Duration::from_millis(100);
+/// How long past the grace the exit frame waits while output is still unread in a pipe (a
+/// background child that writes without end holds it back no longer than this).
+const UNREAD_WAIT_MAX: Duration = Duration::from_secs(2);
 
 // ---------------------------------------------------------------- ids and time
 
@@ -209,6 +213,9 @@ pub(crate) struct Proc {
     /// A `connect` stream has sent this process's exit frame (for
     /// [`crate::FaultRule::after_exit_frame`]).
     pub exit_sent: AtomicBool,
+    /// Duplicates of the stdout and stderr read ends, to ask how many bytes still wait in the
+    /// pipes (`FIONREAD`) while the exit frame waits for them; dropped once it is sent.
+    pub peek: Mutex<Vec<std::os::fd::OwnedFd>>,
 }
 
 /// Running, or exited and not yet handed to the retention budget.
@@ -505,6 +512,13 @@ pub(crate) fn start_process(
     let pid = child.id().and_then(|p| i32::try_from(p).ok()).unwrap_or(-1);
     let (tx, _rx) = watch::channel(0u64);
     let leaf = inner.cgroups.as_ref().and_then(|cg| cg.leaf(&marker));
+    let peek: Vec<std::os::fd::OwnedFd> = [
+        child.stdout.as_ref().and_then(|o| o.as_fd().try_clone_to_owned().ok()),
+        child.stderr.as_ref().and_then(|e| e.as_fd().try_clone_to_owned().ok()),
+    ]
+    .into_iter()
+    .flatten()
+    .collect();
     let proc = Arc::new(Proc {
         id,
         marker,
@@ -524,6 +538,7 @@ pub(crate) fn start_process(
         key: inner.next_key.fetch_add(1, Ordering::Relaxed),
         kept: AtomicU8::new(KEPT_LIVE),
         exit_sent: AtomicBool::new(false),
+        peek: Mutex::new(peek),
     });
     sb.procs.lock().unwrap().push(proc.clone());
     if let Some(out) = child.stdout.take() {
@@ -595,6 +610,25 @@ pub(crate) fn forget_retained(inner: &Inner, procs: &[Arc<Proc>]) {
     }
 }
 
+/// Whether the stdout or stderr pipe still holds bytes the pump has not read. Asked twice, a
+/// moment apart: a read that just took the bytes has pushed them into the journal by then.
+async fn unread_output(proc: &Proc) -> bool {
+    let pending = || {
+        proc.peek.lock().unwrap().iter().any(|fd| {
+            let mut n: nix::libc::c_int = 0;
+            // SAFETY: FIONREAD writes one c_int through the pointer, to a local that outlives
+            // the call; the fd is open (owned by `peek`).
+            let rc = unsafe { nix::libc::ioctl(fd.as_raw_fd(), nix::libc::FIONREAD, &mut n) };
+            rc == 0 && n > 0
+        })
+    };
+    if pending() {
+        return true;
+    }
+    tokio::time::sleep(Duration::from_millis(2)).await;
+    pending()
+}
+
 /// The retention budget's handle on a process.
 pub(crate) type Retained = Weak<Proc>;
 
@@ -616,16 +650,26 @@ async fn wait_leader(inner: Arc<Inner>, proc: Arc<Proc>, mut child: Child) {
     }
     proc.bump();
     inner.reaper_wake.notify_one();
-    let deadline = tokio::time::Instant::now() + EOF_GRACE;
+    // The pipes reach EOF at once unless something of the tree still holds them. Past the
+    // grace the exit frame goes out without waiting for EOF, but never while output the
+    // command wrote is still in a pipe (a busy machine may not have read it yet): that output
+    // comes before the exit frame, as it did on the wire of the command.
+    let mut deadline = tokio::time::Instant::now() + EOF_GRACE;
+    let last_call = tokio::time::Instant::now() + UNREAD_WAIT_MAX;
     loop {
         rx.borrow_and_update();
         if proc.st.lock().unwrap().eof == [true, true] {
             break;
         }
         if tokio::time::timeout_at(deadline, rx.changed()).await.is_err() {
+            if tokio::time::Instant::now() < last_call && unread_output(&proc).await {
+                deadline = tokio::time::Instant::now() + Duration::from_millis(10);
+                continue;
+            }
             break;
         }
     }
+    proc.peek.lock().unwrap().clear();
     // The exit frame tells the truth at this moment: look at the tree now (two scans, as the
     // reaper does) rather than waiting for the reaper's next round.
     if !proc.st.lock().unwrap().tree_exited_real {
