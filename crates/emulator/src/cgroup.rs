@@ -21,7 +21,7 @@ use std::fs::{self, File, OpenOptions};
 use std::io;
 use std::os::fd::AsRawFd;
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicBool, AtomicI32, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicI32, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, OnceLock, Weak};
 use std::time::{Duration, Instant};
 
@@ -65,6 +65,12 @@ pub(crate) struct Leaf {
     dirs: Vec<PathBuf>,
     leader: AtomicI32,
     reaped: AtomicBool,
+    /// When the leader started (clock ticks since boot): every process of the tree started
+    /// then or later, which bounds the membership check's scan.
+    started: AtomicU64,
+    /// The membership check found the leaf empty and nothing of the tree outside it: it stays
+    /// empty, no check is needed again.
+    confirmed: AtomicBool,
 }
 
 /// Instances in this OS process that use cgroups (for [`leaf_of_mark`] and [`mark_of`]).
@@ -243,7 +249,14 @@ impl Cgroups {
     /// for the child's `pre_exec` move.
     pub fn new_leaf(&self, marker: &str, id: &str) -> io::Result<(Arc<Leaf>, Vec<File>)> {
         let dirs: Vec<PathBuf> = self.parents.iter().map(|p| p.join(id)).collect();
-        let leaf = Arc::new(Leaf { mode: self.mode, dirs, leader: AtomicI32::new(0), reaped: AtomicBool::new(false) });
+        let leaf = Arc::new(Leaf {
+            mode: self.mode,
+            dirs,
+            leader: AtomicI32::new(0),
+            reaped: AtomicBool::new(false),
+            started: AtomicU64::new(0),
+            confirmed: AtomicBool::new(false),
+        });
         let made = (|| {
             for d in &leaf.dirs {
                 fs::create_dir(d)?;
@@ -281,16 +294,30 @@ impl Cgroups {
         }
     }
 
-    /// Remove the leaves whose leader was reaped and which are empty. Returns how many
-    /// reaped leaves still hold processes (the reaper keeps looking while any does).
+    /// Remove the leaves whose leader was reaped and which are empty, after the membership
+    /// check: a live process of the tree outside its leaf (it wrote itself into another
+    /// cgroup; it still names the tree in another hierarchy's path or in its environment) is
+    /// moved back, and the leaf stays. Returns how many reaped leaves still hold processes
+    /// (the reaper keeps looking while any does).
     pub fn sweep(&self) -> usize {
+        let empty: HashMap<String, Arc<Leaf>> = self
+            .leaves
+            .lock()
+            .unwrap()
+            .iter()
+            .filter(|(_, l)| l.reaped.load(Ordering::SeqCst) && l.is_empty())
+            .map(|(m, l)| (m.clone(), l.clone()))
+            .collect();
+        // Outside the lock: a scan reads the marks of cgroup members through it.
+        let held: Vec<String> =
+            empty.iter().filter(|(m, l)| !l.recapture(m, None).is_empty()).map(|(m, _)| m.clone()).collect();
         let mut leaves = self.leaves.lock().unwrap();
         let mut lingering = 0;
-        leaves.retain(|_, l| {
+        leaves.retain(|m, l| {
             if !l.reaped.load(Ordering::SeqCst) {
                 return true;
             }
-            if l.is_empty() && l.remove() {
+            if !held.contains(m) && l.is_empty() && l.remove() {
                 return false;
             }
             lingering += 1;
@@ -364,6 +391,33 @@ fn prune(active: &mut Vec<(String, Weak<Cgroups>)>, keep: impl Fn(&Weak<Cgroups>
 impl Leaf {
     pub fn set_leader(&self, pid: i32) {
         self.leader.store(pid, Ordering::SeqCst);
+        // Read at once after the spawn (the leader is reaped only later, by us); 0 = unknown,
+        // which makes the check scan everything.
+        self.started.store(crate::procfs::start_ticks(pid).unwrap_or(0), Ordering::SeqCst);
+    }
+
+    /// The membership check of an empty-looking leaf: a live process that still names this
+    /// tree (`marker`: in another hierarchy's cgroup path or its environment) or is in
+    /// `group` but is not a member left the leaf; each is moved back. Returns those pids. Once
+    /// a check finds none the leaf is confirmed empty and later checks cost nothing.
+    pub fn recapture(&self, marker: &str, group: Option<i32>) -> Vec<i32> {
+        if self.confirmed.load(Ordering::SeqCst) {
+            return Vec::new();
+        }
+        let since = self.started.load(Ordering::SeqCst);
+        let found = crate::procfs::scan_since(
+            &|e: &crate::procfs::Entry| e.mark.as_deref() == Some(marker) || group == Some(e.pgid),
+            since,
+        );
+        let members = self.members().unwrap_or_default();
+        let strays: Vec<i32> = found.iter().map(|e| e.pid).filter(|p| !members.contains(p)).collect();
+        for pid in &strays {
+            self.adopt(*pid);
+        }
+        if strays.is_empty() && members.is_empty() {
+            self.confirmed.store(true, Ordering::SeqCst);
+        }
+        strays
     }
 
     /// Pids listed in the leaf; `None` when it cannot be read (a removed leaf reads as empty:
@@ -373,6 +427,19 @@ impl Leaf {
     pub fn members(&self) -> Option<Vec<i32>> {
         let mut out = Vec::new();
         members_below(&self.dirs[0], 0, &mut out).then_some(out)
+    }
+
+    /// Its directories: v2 `[leaf]`, v1 `[pids leaf, freezer leaf]`.
+    pub fn dirs(&self) -> &[PathBuf] {
+        &self.dirs
+    }
+
+    /// Move `pid` back into the leaf (every hierarchy of it); true when every write took.
+    pub fn adopt(&self, pid: i32) -> bool {
+        let pid = pid.to_string();
+        // Every hierarchy is tried, even after one refused.
+        let done: Vec<bool> = self.dirs.iter().map(|d| write(&d.join("cgroup.procs"), &pid).is_ok()).collect();
+        done.into_iter().all(|ok| ok)
     }
 
     /// Empty for sure (an unreadable leaf is not).

@@ -1,6 +1,7 @@
 //! Sandboxes, managed processes, the output journal and the tree reaper.
 
 use std::collections::{HashMap, HashSet, VecDeque};
+use std::os::fd::{AsFd, AsRawFd};
 use std::path::{Component, Path, PathBuf};
 use std::process::Stdio;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicU8, Ordering};
@@ -15,6 +16,7 @@ use tokio::process::{Child, ChildStdin, Command};
 use tokio::sync::watch;
 
 use super::cgroup::{self, Leaf};
+use super::isolate;
 use super::procfs::{self, Entry, Filter, MARK_VAR};
 use super::Inner;
 
@@ -26,6 +28,9 @@ pub(crate) const CAPTURE_CAP: usize = 64 * 1024 * 1024;
 const REAP_POLL: Duration = Duration::from_millis(25);
 /// The exit frame waits at most this long for the pipes to reach EOF after the leader exited.
 const EOF_GRACE: Duration = Duration::from_millis(100);
+/// How long past the grace the exit frame waits while output is still unread in a pipe (a
+/// background child that writes without end holds it back no longer than this).
+const UNREAD_WAIT_MAX: Duration = Duration::from_secs(2);
 
 // ---------------------------------------------------------------- ids and time
 
@@ -205,6 +210,12 @@ pub(crate) struct Proc {
     pub key: u64,
     /// One of `KEPT_*`; changed only under the [`Inner::retention`] lock.
     pub kept: AtomicU8,
+    /// A `connect` stream has sent this process's exit frame (for
+    /// [`crate::FaultRule::after_exit_frame`]).
+    pub exit_sent: AtomicBool,
+    /// Duplicates of the stdout and stderr read ends, to ask how many bytes still wait in the
+    /// pipes (`FIONREAD`) while the exit frame waits for them; dropped once it is sent.
+    pub peek: Mutex<Vec<std::os::fd::OwnedFd>>,
 }
 
 /// Running, or exited and not yet handed to the retention budget.
@@ -434,6 +445,16 @@ pub(crate) fn spawn_marked(
         }
         None => Vec::new(),
     };
+    // After the leaf: a private view (`/workspace`, the leaf as the cgroup root) where the
+    // host allows it (see `crate::isolate`).
+    let leaf_dirs = cg.and_then(|cg| cg.leaf(&marker)).map(|l| l.dirs().to_vec());
+    let plan = isolate::get().plan(Some(&sb.workspace), leaf_dirs.as_deref());
+    if !plan.is_empty() {
+        // SAFETY: the closure only makes system calls on memory allocated before the fork.
+        unsafe {
+            cmd.pre_exec(move || plan.apply());
+        }
+    }
     let child = match cmd.spawn() {
         Ok(c) => c,
         Err(e) => {
@@ -491,6 +512,13 @@ pub(crate) fn start_process(
     let pid = child.id().and_then(|p| i32::try_from(p).ok()).unwrap_or(-1);
     let (tx, _rx) = watch::channel(0u64);
     let leaf = inner.cgroups.as_ref().and_then(|cg| cg.leaf(&marker));
+    let peek: Vec<std::os::fd::OwnedFd> = [
+        child.stdout.as_ref().and_then(|o| o.as_fd().try_clone_to_owned().ok()),
+        child.stderr.as_ref().and_then(|e| e.as_fd().try_clone_to_owned().ok()),
+    ]
+    .into_iter()
+    .flatten()
+    .collect();
     let proc = Arc::new(Proc {
         id,
         marker,
@@ -509,6 +537,8 @@ pub(crate) fn start_process(
         capture: Mutex::new([Vec::new(), Vec::new()]),
         key: inner.next_key.fetch_add(1, Ordering::Relaxed),
         kept: AtomicU8::new(KEPT_LIVE),
+        exit_sent: AtomicBool::new(false),
+        peek: Mutex::new(peek),
     });
     sb.procs.lock().unwrap().push(proc.clone());
     if let Some(out) = child.stdout.take() {
@@ -580,6 +610,25 @@ pub(crate) fn forget_retained(inner: &Inner, procs: &[Arc<Proc>]) {
     }
 }
 
+/// Whether the stdout or stderr pipe still holds bytes the pump has not read. Asked twice, a
+/// moment apart: a read that just took the bytes has pushed them into the journal by then.
+async fn unread_output(proc: &Proc) -> bool {
+    let pending = || {
+        proc.peek.lock().unwrap().iter().any(|fd| {
+            let mut n: nix::libc::c_int = 0;
+            // SAFETY: FIONREAD writes one c_int through the pointer, to a local that outlives
+            // the call; the fd is open (owned by `peek`).
+            let rc = unsafe { nix::libc::ioctl(fd.as_raw_fd(), nix::libc::FIONREAD, &mut n) };
+            rc == 0 && n > 0
+        })
+    };
+    if pending() {
+        return true;
+    }
+    tokio::time::sleep(Duration::from_millis(2)).await;
+    pending()
+}
+
 /// The retention budget's handle on a process.
 pub(crate) type Retained = Weak<Proc>;
 
@@ -601,22 +650,33 @@ async fn wait_leader(inner: Arc<Inner>, proc: Arc<Proc>, mut child: Child) {
     }
     proc.bump();
     inner.reaper_wake.notify_one();
-    let deadline = tokio::time::Instant::now() + EOF_GRACE;
+    // The pipes reach EOF at once unless something of the tree still holds them. Past the
+    // grace the exit frame goes out without waiting for EOF, but never while output the
+    // command wrote is still in a pipe (a busy machine may not have read it yet): that output
+    // comes before the exit frame, as it did on the wire of the command.
+    let mut deadline = tokio::time::Instant::now() + EOF_GRACE;
+    let last_call = tokio::time::Instant::now() + UNREAD_WAIT_MAX;
     loop {
         rx.borrow_and_update();
         if proc.st.lock().unwrap().eof == [true, true] {
             break;
         }
         if tokio::time::timeout_at(deadline, rx.changed()).await.is_err() {
+            if tokio::time::Instant::now() < last_call && unread_output(&proc).await {
+                deadline = tokio::time::Instant::now() + Duration::from_millis(10);
+                continue;
+            }
             break;
         }
     }
+    proc.peek.lock().unwrap().clear();
     // The exit frame tells the truth at this moment: look at the tree now (two scans, as the
     // reaper does) rather than waiting for the reaper's next round.
     if !proc.st.lock().unwrap().tree_exited_real {
         let gone = match &proc.leaf {
-            // An empty cgroup stays empty: nothing of the tree is left to fork into it.
-            Some(leaf) => leaf.is_empty(),
+            // An empty cgroup stays empty: nothing of the tree is left to fork into it, unless
+            // a member left it (then it is moved back and the tree is not gone).
+            Some(leaf) => leaf.is_empty() && !recapture(&inner, &proc).await,
             None => {
                 let marker = proc.marker.clone();
                 let pgid = proc.pid;
@@ -665,10 +725,9 @@ pub(crate) async fn reaper(inner: Arc<Inner>) {
         }
         for p in pending.iter().filter(|p| p.leaf.is_some()) {
             let empty = p.leaf.as_ref().is_some_and(|l| l.is_empty());
-            let mut st = p.st.lock().unwrap();
-            if st.leader_exited && empty {
-                st.tree_exited_real = true;
-                drop(st);
+            let leader_exited = p.st.lock().unwrap().leader_exited;
+            if leader_exited && empty && !recapture(&inner, p).await {
+                p.st.lock().unwrap().tree_exited_real = true;
                 p.bump();
             }
         }
@@ -724,18 +783,30 @@ pub(crate) async fn reaper(inner: Arc<Inner>) {
     }
 }
 
-/// Whether anything of the tree is alive: its cgroup's members, else a /proc scan.
-async fn tree_alive(p: &Arc<Proc>, filter: &Filter) -> bool {
+/// The membership check of a tree with a cgroup, made whenever its leaf looks empty: a live
+/// process that carries the tree's marker or is in its process group but is not in the leaf
+/// left it (by writing itself into another cgroup); it is moved back into the leaf, so it is
+/// seen alive and killed with the tree. True when one was found.
+async fn recapture(inner: &Inner, p: &Arc<Proc>) -> bool {
+    let Some(leaf) = p.leaf.clone() else { return false };
+    let marker = p.marker.clone();
+    let group = inner.groups.lock().unwrap().contains_key(&p.pid).then_some(p.pid);
+    tokio::task::spawn_blocking(move || !leaf.recapture(&marker, group).is_empty()).await.unwrap_or(true)
+}
+
+/// Whether anything of the tree is alive: its cgroup's members (and whatever left it), else a
+/// /proc scan.
+async fn tree_alive(inner: &Inner, p: &Arc<Proc>, filter: &Filter) -> bool {
     match &p.leaf {
-        Some(leaf) => !leaf.is_empty(),
+        Some(leaf) => !leaf.is_empty() || recapture(inner, p).await,
         None => !procfs::scan_async(filter.clone()).await.is_empty(),
     }
 }
 
 /// Wait until the leader exited and the tree is gone, looking every 10 ms.
-async fn wait_tree_gone(p: &Arc<Proc>, filter: &Filter, deadline: Instant) -> bool {
+async fn wait_tree_gone(inner: &Inner, p: &Arc<Proc>, filter: &Filter, deadline: Instant) -> bool {
     loop {
-        let alive = tree_alive(p, filter).await;
+        let alive = tree_alive(inner, p, filter).await;
         let leader = p.st.lock().unwrap().leader_exited;
         if !alive && leader {
             return true;
@@ -763,12 +834,12 @@ async fn signal_tree(p: &Arc<Proc>, filter: &Filter, sig: Signal) {
 }
 
 /// SIGKILL the tree until it is gone or the deadline passes.
-async fn kill_tree(p: &Arc<Proc>, filter: &Filter, deadline: Instant) {
+async fn kill_tree(inner: &Inner, p: &Arc<Proc>, filter: &Filter, deadline: Instant) {
     if p.leaf.is_none() {
         procfs::kill_until_gone(filter.clone(), deadline).await;
         return;
     }
-    while tree_alive(p, filter).await && Instant::now() < deadline {
+    while tree_alive(inner, p, filter).await && Instant::now() < deadline {
         signal_tree(p, filter, Signal::SIGKILL).await;
         tokio::time::sleep(Duration::from_millis(5)).await;
     }
@@ -789,11 +860,11 @@ pub(crate) async fn terminate(inner: &Inner, p: &Arc<Proc>, grace: Duration) -> 
     if !p.st.lock().unwrap().leader_exited {
         let _ = nix::sys::signal::killpg(nix::unistd::Pid::from_raw(p.pid), Signal::SIGTERM);
     }
-    let mut gone = wait_tree_gone(p, &filter, Instant::now() + grace).await;
+    let mut gone = wait_tree_gone(inner, p, &filter, Instant::now() + grace).await;
     if !gone {
         let deadline = Instant::now() + Duration::from_secs(2);
-        kill_tree(p, &filter, deadline).await;
-        gone = wait_tree_gone(p, &filter, deadline).await;
+        kill_tree(inner, p, &filter, deadline).await;
+        gone = wait_tree_gone(inner, p, &filter, deadline).await;
     }
     {
         let mut st = p.st.lock().unwrap();
@@ -809,8 +880,8 @@ pub(crate) async fn terminate(inner: &Inner, p: &Arc<Proc>, grace: Duration) -> 
 /// SIGKILL a tree at once and wait (bounded 2 s) for it to vanish.
 pub(crate) async fn kill_now(inner: &Inner, p: &Arc<Proc>) -> bool {
     let filter = p.filter(inner);
-    kill_tree(p, &filter, Instant::now() + Duration::from_secs(2)).await;
-    let gone = wait_tree_gone(p, &filter, Instant::now() + Duration::from_secs(2)).await;
+    kill_tree(inner, p, &filter, Instant::now() + Duration::from_secs(2)).await;
+    let gone = wait_tree_gone(inner, p, &filter, Instant::now() + Duration::from_secs(2)).await;
     if gone {
         p.st.lock().unwrap().tree_exited_real = true;
     }

@@ -26,8 +26,8 @@ pub(crate) struct Entry {
 
 pub(crate) type Filter = Arc<dyn Fn(&Entry) -> bool + Send + Sync>;
 
-/// Parse `/proc/<pid>/stat`: returns (state, pgid).
-fn read_stat(pid: &str) -> Option<(u8, i32)> {
+/// Parse `/proc/<pid>/stat`: returns (state, pgid, start time in clock ticks since boot).
+fn read_stat(pid: &str) -> Option<(u8, i32, u64)> {
     let s = std::fs::read(format!("/proc/{pid}/stat")).ok()?;
     let close = s.iter().rposition(|b| *b == b')')?;
     let rest = std::str::from_utf8(&s[close + 1..]).ok()?;
@@ -35,7 +35,14 @@ fn read_stat(pid: &str) -> Option<(u8, i32)> {
     let state = it.next()?.as_bytes()[0];
     let _ppid = it.next()?;
     let pgid: i32 = it.next()?.parse().ok()?;
-    Some((state, pgid))
+    // Fields 6 to 21 of stat(5) lie between the pgrp and the start time.
+    let start: u64 = it.nth(16)?.parse().ok()?;
+    Some((state, pgid, start))
+}
+
+/// When `pid` started (clock ticks since boot); `None` when it is gone.
+pub(crate) fn start_ticks(pid: i32) -> Option<u64> {
+    read_stat(&pid.to_string()).map(|(_, _, start)| start)
 }
 
 fn read_mark(pid: &str) -> Option<String> {
@@ -52,6 +59,12 @@ fn read_mark(pid: &str) -> Option<String> {
 /// One pass over /proc; returns the live, non-zombie processes the filter accepts.
 /// Synchronous (a few hundred small reads); call through `spawn_blocking` from async code.
 pub(crate) fn scan(filter: &dyn Fn(&Entry) -> bool) -> Vec<Entry> {
+    scan_since(filter, 0)
+}
+
+/// [`scan`] of the processes that started at `since` (clock ticks since boot) or later: a
+/// tree's processes all start after its leader, and the others cost one read each.
+pub(crate) fn scan_since(filter: &dyn Fn(&Entry) -> bool, since: u64) -> Vec<Entry> {
     let me = std::process::id().to_string();
     let cgroups = cgroup::any_active();
     let mut out = Vec::new();
@@ -64,10 +77,10 @@ pub(crate) fn scan(filter: &dyn Fn(&Entry) -> bool) -> Vec<Entry> {
         if !name.as_bytes()[0].is_ascii_digit() || name == me {
             continue;
         }
-        let Some((state, pgid)) = read_stat(name) else {
+        let Some((state, pgid, start)) = read_stat(name) else {
             continue;
         };
-        if state == b'Z' || state == b'X' || state == b'x' {
+        if state == b'Z' || state == b'X' || state == b'x' || start < since {
             continue;
         }
         let Ok(pid) = name.parse::<i32>() else {
