@@ -366,14 +366,15 @@ impl Pacer {
         let now = Instant::now();
         match pending.held.take() {
             Some(Held::Shared(store, member)) => {
-                // The fallback knows this process's own shared starts.
+                // The fallback knows this process's own shared starts, and the store learns
+                // when this one really started (its answer may have come late).
                 self.local.record(now, rule);
-                store.started(&self.key, &member, now, rule, false);
+                store.started(&self.key, &member, now, rule);
             }
             Some(Held::Local(_)) => {
                 if let Some(store) = self.store() {
                     // Decided here: written back to the store when it answers.
-                    store.started(&self.key, &store.member(class), now, rule, true);
+                    store.started(&self.key, &store.member(class), now, rule);
                 }
             }
             None => {}

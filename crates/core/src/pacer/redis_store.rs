@@ -699,10 +699,11 @@ impl RedisStore {
         }
     }
 
-    /// Notes a start of this process on `key` (`member` names it in the store): kept for one
-    /// window, for this process's share and for a store that comes back empty. `local` = the
-    /// store did not decide it (it goes with the next op).
-    pub fn started(&self, key: &str, member: &str, at: Instant, rule: Rule, local: bool) {
+    /// Notes a start of this client on `key` (`member` names it in the store), when the caller
+    /// really started it: it goes with the next op on the key, and the store counts it there if
+    /// that is later than what it holds (an answer that came late, a start decided locally).
+    /// Kept for one window, for a store that comes back empty.
+    pub fn started(&self, key: &str, member: &str, at: Instant, rule: Rule) {
         self.note_rule(key, rule);
         let mut keys = lock(&self.keys);
         let Some(k) = keys.get_mut(key) else { return };
@@ -711,7 +712,7 @@ impl RedisStore {
             k.recent.pop_front();
         }
         k.recent.push_back((member.to_owned(), at));
-        if local && k.unsent.len() < MAX_RECENT {
+        if k.unsent.len() < MAX_RECENT {
             k.unsent.push((member.to_owned(), at));
         }
     }
