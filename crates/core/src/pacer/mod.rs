@@ -11,7 +11,10 @@
 //! - `Off`: no pacing (tests, a private emulator); only a 429's pause holds.
 //!
 //! Stores: [`local::Local`] (in-process, the default) and [`redis_store::RedisStore`] (shared;
-//! falls back to the local store while it does not answer). Both reserve a slot per waiter;
+//! falls back to the local store while it does not answer, with this process's share of the
+//! limit only, so N processes do not get N budgets: see the store's module doc for the share
+//! and why; the starts made meanwhile are written back, and a waiter that reserved locally asks
+//! the store again when its slot comes). Both reserve a slot per waiter;
 //! a waiter cancelled while it waits gives its slot back, and a waiter whose slot has come
 //! checks it again (`confirm`), so a slot that moved (see below) or a 429's `Retry-After` that
 //! began meanwhile holds waiters that already reserved a slot too.
