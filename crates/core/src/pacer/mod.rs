@@ -268,6 +268,9 @@ impl Pacer {
     /// answer owes its member to the store (it may have been made there, late).
     async fn reserve_in_store(&self, rule: Rule, class: Class, pending: &mut Pending<'_>) -> Instant {
         let local_rule = match self.store() {
+            // Just back from an outage: its timer writes the starts back, this process keeps to
+            // its share for one window more.
+            Some(store) if store.settling(&self.key) => store.fallback_rule(&self.key, rule),
             Some(store) => {
                 let member = store.member(class);
                 pending.held = Some(Held::Shared(store.clone(), member.clone()));
@@ -293,11 +296,12 @@ impl Pacer {
             Held::Local(id) => {
                 // Reserved while the store did not answer: once it answers again, the store
                 // decides (it knows what the other processes started meanwhile).
-                if let Some(store) = self.store().filter(|s| !s.is_down()) {
+                if let Some(store) = self.store().filter(|s| !s.is_down() && !s.settling(&self.key)) {
                     let member = store.member(class);
                     if let Answer::Wait(wait) = store.reserve(&self.key, rule, &member).await {
                         return Next::Wait(Held::Shared(store, member), Instant::now() + wait);
                     }
+                    store.watch(&self.key, rule);
                 }
                 match self.local.confirm(*id, self.local_rule(rule), Instant::now(), class) {
                     None => Next::Start,

@@ -360,6 +360,8 @@ struct KeyState {
     share_asked: Option<Instant>,
     /// Whether that measure saw at least a limit's worth of members.
     share_full: bool,
+    /// Until when decisions stay local after the store came back (see `answered`).
+    settle_until: Option<Instant>,
 }
 
 impl KeyState {
@@ -607,7 +609,21 @@ impl RedisStore {
             h.down = false;
             h.backoff = MIN_BACKOFF;
             warn(STORE_RESTORED);
+            drop(h);
+            // The other processes come back one by one, each with the starts it made while
+            // the store was down: for one window this process keeps to its share and only
+            // writes its starts back, so the store decides again once it knows them all.
+            let now = Instant::now();
+            for k in lock(&self.keys).values_mut() {
+                k.settle_until = k.rule.map(|r| now + r.window);
+            }
         }
+    }
+
+    /// Whether decisions on `key` stay local for now: the window after the store came back.
+    pub fn settling(&self, key: &str) -> bool {
+        let now = Instant::now();
+        lock(&self.keys).get(key).and_then(|k| k.settle_until).is_some_and(|t| t > now)
     }
 
     fn failed(&self, probe: bool) {
@@ -678,13 +694,27 @@ impl RedisStore {
                 tokio::time::sleep_until(next.max(Instant::now() + Duration::from_millis(5))).await;
                 let _ = store.call_sent(&key, "sync", rule, "", 0, true).await;
             }
-            let pending: Vec<(String, Rule)> = lock(&store.keys)
-                .iter()
-                .filter(|(_, k)| !k.owed.is_empty() || !k.unsent.is_empty())
-                .filter_map(|(key, k)| k.rule.map(|r| (key.clone(), r)))
-                .collect();
-            for (key, rule) in pending {
-                let _ = store.call_sent(&key, "sync", rule, "", 0, false).await;
+            // Back: until the window after the return has passed, every key's starts and owed
+            // releases go to the store on this timer (decisions stay local meanwhile).
+            loop {
+                let now = Instant::now();
+                let (pending, settling): (Vec<(String, Rule)>, bool) = {
+                    let keys = lock(&store.keys);
+                    let settling = keys.values().any(|k| k.settle_until.is_some_and(|t| t > now));
+                    let pending = keys
+                        .iter()
+                        .filter(|(_, k)| !k.owed.is_empty() || !k.unsent.is_empty())
+                        .filter_map(|(key, k)| k.rule.map(|r| (key.clone(), r)))
+                        .collect();
+                    (pending, settling)
+                };
+                for (key, rule) in pending {
+                    let _ = store.call_sent(&key, "sync", rule, "", 0, false).await;
+                }
+                if !settling || store.is_down() {
+                    break;
+                }
+                tokio::time::sleep(MIN_BACKOFF).await;
             }
             drop(guard);
         });
