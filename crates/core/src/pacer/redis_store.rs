@@ -51,6 +51,9 @@
 //! ([`super::STORE_RESTORED`]). The starts this process made in the last window (those decided
 //! locally, and those the store decided, for a store that restarted empty) go with the probe
 //! and with every later op until the store has them, so the window that spans the outage holds.
+//! The other processes come back one by one, each with its own starts: for one window after the
+//! return ([`RedisStore::settling`]) decisions stay at this process's share while the timer
+//! writes its starts back, then the store decides again.
 //! An abort or the caller's deadline does not wait for a decision.
 //!
 //! The URL (it may hold a password) is kept only inside the redis client; it is never
@@ -84,8 +87,10 @@ pub const KEY_PREFIX: &str = "createos-execute:pacing:v1:";
 pub const MAX_OWED: usize = 1024;
 /// Most own starts kept per budget key to tell a store that lost or missed them.
 const MAX_RECENT: usize = 4096;
-/// How often a reservation also measures this client's share of the store's members.
+/// How often a reservation also measures this client's share of the store's members: every
+/// [`SHARE_EVERY_N`]-th reservation, and at least every [`SHARE_EVERY`].
 const SHARE_EVERY: Duration = Duration::from_millis(250);
+const SHARE_EVERY_N: u32 = 8;
 /// Most budget keys a store keeps owed releases and recent starts for.
 const MAX_KEYS: usize = 256;
 
@@ -360,6 +365,8 @@ struct KeyState {
     share_asked: Option<Instant>,
     /// Whether that measure saw at least a limit's worth of members.
     share_full: bool,
+    /// Reservations since.
+    since_share: u32,
     /// Until when decisions stay local after the store came back (see `answered`).
     settle_until: Option<Instant>,
 }
@@ -920,11 +927,22 @@ impl RedisStore {
             match keys.get_mut(key) {
                 // Also while the latest measure saw fewer members than the limit (too little
                 // to tell a share by; the members are few, so the read is cheap).
-                Some(k) if !k.share_full || k.share_asked.is_none_or(|t| now >= t + SHARE_EVERY) => {
+                // Also every few reservations: a snapshot from before the others reserved says
+                // nothing of them.
+                Some(k)
+                    if !k.share_full
+                        || k.since_share >= SHARE_EVERY_N
+                        || k.share_asked.is_none_or(|t| now >= t + SHARE_EVERY) =>
+                {
                     k.share_asked = Some(now);
+                    k.since_share = 0;
                     1
                 }
-                _ => 0,
+                Some(k) => {
+                    k.since_share += 1;
+                    0
+                }
+                None => 0,
             }
         };
         match self.call_sent(key, "reserve", rule, member, measure, false).await {
