@@ -909,23 +909,28 @@ async fn after_an_outage_with_many_cancelled_waiters_a_fresh_caller_starts_withi
     let waiters = 1_100usize;
     let mut aborts = vec![];
     let mut tasks = vec![];
-    for _ in 0..waiters {
-        let (p, abort) = (p.clone(), Abort::new());
-        aborts.push(abort.clone());
-        tasks.push(tokio::spawn(async move { p.acquire(&Ctx::new(abort)).await }));
-    }
-    // Every waiter holds a member (9 of them start at once, in the first window, and leave
-    // the set a window later).
-    let deadline = Instant::now() + Duration::from_secs(30);
-    loop {
-        let members = zcard(&server.url(), key).await;
-        if members >= i64::try_from(waiters - 9).unwrap() {
-            break;
+    // They arrive 100 at a time (a loaded machine answers a burst of 1,100 more slowly than
+    // the decision's bound), each hundred once the one before holds its members.
+    let deadline = Instant::now() + Duration::from_secs(60);
+    for batch in 1..=waiters / 100 {
+        for _ in 0..100 {
+            let (p, abort) = (p.clone(), Abort::new());
+            aborts.push(abort.clone());
+            tasks.push(tokio::spawn(async move { p.acquire(&Ctx::new(abort)).await }));
         }
-        let down = p.store().unwrap().is_down();
-        assert!(Instant::now() < deadline, "the waiters did not reserve: {members} members, store down: {down}");
-        tokio::time::sleep(Duration::from_millis(50)).await;
+        // Every waiter holds a member (9 of them start at once, in the first window, and
+        // leave the set a window later).
+        loop {
+            let members = zcard(&server.url(), key).await;
+            if members >= i64::try_from(batch * 100 - 9).unwrap() {
+                break;
+            }
+            let down = p.store().unwrap().is_down();
+            assert!(Instant::now() < deadline, "the waiters did not reserve: {members} members, store down: {down}");
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
     }
+    assert!(!p.store().unwrap().is_down(), "every waiter reserved in the store");
     server.signal("-STOP");
     for a in &aborts {
         a.abort(false);

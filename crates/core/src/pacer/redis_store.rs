@@ -220,14 +220,15 @@ for i = 7 + nowed, #ARGV - 1, 2 do
 end
 if changed then reflow(changed) end
 local own, total, clients = -1, -1, -1
--- This client's share of the members, this one included (the nonce follows the class byte),
--- and how many clients hold members.
+-- This client's share of the members of the last and the next window, this one included (the
+-- nonce follows the class byte), and how many clients hold members there.
 local function share(m)
   local nonce = string.match(m, '^.:([^:]*):')
   own, total, clients = 1, 1, 1
   local seen = {}
   if nonce then seen[nonce] = true end
-  local names = redis.call('ZRANGEBYSCORE', KEYS[1], '(' .. n2s(now - window), '+inf')
+  -- The last window's members and the next window's: enough to tell, and a bounded read.
+  local names = redis.call('ZRANGEBYSCORE', KEYS[1], '(' .. n2s(now - window), '(' .. n2s(now + window), 'LIMIT', 0, 4 * limit + 64)
   for i = 1, #names do
     total = total + 1
     local n = string.match(names[i], '^.:([^:]*):')
