@@ -208,7 +208,7 @@ async function fleetFault(lib, redis, name, windowMs, windows, fault) {
     const restoredMs = returned === undefined ? [] : restored.filter(Boolean).map(([, at]) => at - returned)
     await configure(lib, origin, pacing)
     const fresh = await freshWait(lib, origin, windowMs)
-    return { name, starts: starts.length, most: mostInWindow(starts, windowMs - CLOCKS_MS), exact: mostInWindow(starts, windowMs), fresh, restoredMs, restoredOf: restored.length }
+    return { name, starts: starts.length, most: mostInWindow(starts, windowMs - CLOCKS_MS), exact: mostInWindow(starts, windowMs), fresh, restoredMs, restoredOf: returned === undefined ? 0 : restored.length }
   } finally {
     for (const c of children) c.kill()
   }
