@@ -3,7 +3,7 @@
 // local emulator. Prints the machine, a table (median of N runs with min/max)
 // and writes bench-results/latest.json.
 //
-//   node benches/run.mjs [--quick] [--runs N] [--sections 1,2,3,4,5,6,7,8,9,10,11]
+//   node benches/run.mjs [--quick] [--runs N] [--sections 1,2,3,4,5,6,7,8,9,10,11,12]
 //                        [--emulator child|inproc|both] [--baseline build|auto|skip]
 //                        [--out FILE]
 //
@@ -84,7 +84,7 @@ function parseArgs(argv) {
       case '--baseline': o.baseline = val(); break
       case '--out': o.out = val(); break
       case '-h': case '--help':
-        process.stdout.write('usage: node benches/run.mjs [--quick] [--runs N] [--sections 1,2,3,4,5,6,7,8,9,10,11] [--emulator child|inproc|both] [--baseline build|auto|skip] [--out FILE]\n')
+        process.stdout.write('usage: node benches/run.mjs [--quick] [--runs N] [--sections 1,2,3,4,5,6,7,8,9,10,11,12] [--emulator child|inproc|both] [--baseline build|auto|skip] [--out FILE]\n')
         process.exit(0)
         break
       default: throw new Error(`unknown argument ${a}`)
@@ -97,7 +97,7 @@ function parseArgs(argv) {
   return {
     ...o,
     runs: o.runs ?? (q ? 3 : 5),
-    sections: o.sections ?? new Set(['1', '2', '3', '4', '5', '6', '7', '8', '9', '10', '11']),
+    sections: o.sections ?? new Set(['1', '2', '3', '4', '5', '6', '7', '8', '9', '10', '11', '12']),
     emulator: o.emulator ?? (q ? 'child' : 'both'),
     baseline: o.baseline ?? (q ? 'auto' : 'build'),
     out: o.out ?? join(ROOT, 'bench-results', q ? 'quick.json' : 'latest.json'),
@@ -1110,6 +1110,11 @@ async function main() {
     if (opts.sections.has('9')) results.binaryOutput = await binaryOutput(opts)
     if (opts.sections.has('10')) results.saturation = await saturation(opts)
     if (opts.sections.has('11')) results.transports = await transports(opts, { emulator, row, note, log, root: ROOT })
+    if (opts.sections.has('12')) { // the shared budget through store faults (benches/pacing-faults.mjs)
+      const f = await (await import('./pacing-faults.mjs')).pacingFaults({ quick: opts.quick, log: (m) => log(`§12 ${m}`) })
+      rows.push(...f.rows)
+      results.pacingFaults = f.results
+    }
   } finally {
     survivors = await closeAll()
   }
