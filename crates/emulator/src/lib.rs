@@ -203,6 +203,53 @@ impl TrackingMode {
     }
 }
 
+/// [`EmulatorOptions::profile`]: how much beyond the documented API the emulator serves.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub enum Profile {
+    /// Everything the emulator has: a paged process list with `pagination { total, … }`, exit
+    /// frames with `tree_exited` and `newest_seq`, exec answers with the result fields also at
+    /// the top of `data`, file uploads answered `{path, bytes}`.
+    #[default]
+    #[serde(rename = "full")]
+    Full,
+    /// Only what the API notes document (see docs/emulator.md, "Profiles"): the process list is
+    /// `data.processes[]`, whole and unpaged whatever `limit`/`offset` say, with no
+    /// `pagination`; exit frames carry `exit_code` and, when signalled, `signal`, nothing else;
+    /// a buffered exec answers `data.result` and `data.exec_ms` only; an upload answers `{}`.
+    #[serde(rename = "documented")]
+    Documented,
+}
+
+impl Profile {
+    /// `"full"` or `"documented"`.
+    #[must_use]
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Profile::Full => "full",
+            Profile::Documented => "documented",
+        }
+    }
+
+    /// The profile named by `CREATEOS_EMULATOR_PROFILE` (`full` or `documented`); `None` when
+    /// it is unset or empty.
+    ///
+    /// # Panics
+    /// When it names no profile (a misspelt name must not silently run the full profile).
+    #[must_use]
+    pub fn from_env() -> Option<Profile> {
+        match std::env::var(PROFILE_ENV).ok().as_deref() {
+            None | Some("") => None,
+            Some("full") => Some(Profile::Full),
+            Some("documented") => Some(Profile::Documented),
+            Some(other) => panic!("{PROFILE_ENV}={other:?} names no profile (full or documented)"),
+        }
+    }
+}
+
+/// The environment variable the test support reads for the profile of the emulators it starts
+/// when a test asks for none ([`Profile::from_env`]).
+pub const PROFILE_ENV: &str = "CREATEOS_EMULATOR_PROFILE";
+
 /// What [`Emulator::process_output`] recorded: (stdout, stderr).
 pub type Captured = (Vec<u8>, Vec<u8>);
 
@@ -280,6 +327,10 @@ pub struct EmulatorOptions {
     /// beyond it fails with `EAGAIN`. Default `Some(`[`DEFAULT_PIDS_MAX`]`)`; `None` = no
     /// bound; at least 1.
     pub pids_max: Option<u32>,
+    /// How much beyond the documented API is served ([`Profile`]). `None` = [`Profile::Full`];
+    /// the test support fills a `None` from `CREATEOS_EMULATOR_PROFILE`
+    /// ([`Profile::from_env`]), so `Some` is a test asking for a profile explicitly.
+    pub profile: Option<Profile>,
 }
 
 impl Default for EmulatorOptions {
@@ -299,6 +350,7 @@ impl Default for EmulatorOptions {
             heartbeat_ms: 5_000,
             tracking: TrackingMode::Auto,
             pids_max: Some(DEFAULT_PIDS_MAX),
+            profile: None,
         }
     }
 }
@@ -336,6 +388,10 @@ pub struct RequestRecord {
     pub http_version: &'static str,
     /// The TCP connection it came on: 1 for the first connection accepted, then 2, ...
     pub connection: u64,
+    /// A creation applied late ([`FaultAction::ApplyLate`]): when it was applied, ms since the
+    /// emulator started (also when the client had left by then); `None` for every other
+    /// request, and while a late creation is still pending.
+    pub applied_ms: Option<f64>,
 }
 
 pub(crate) struct FaultSlot {
@@ -343,8 +399,18 @@ pub(crate) struct FaultSlot {
     pub seen: u32,
 }
 
+/// A creation held by [`FaultAction::ApplyLate`] `after_list`, until the next list answer of
+/// its sandbox was sent.
+pub(crate) struct LateCreation {
+    pub sandbox: String,
+    pub fire: tokio::sync::oneshot::Sender<()>,
+}
+
 pub(crate) struct Inner {
     pub instance: String,
+    pub profile: Profile,
+    /// Creations waiting for a list answer of their sandbox ([`FaultAction::ApplyLate`]).
+    pub late: Mutex<Vec<LateCreation>>,
     /// One leaf cgroup per tree, when trees are tracked by cgroup.
     pub cgroups: Option<Arc<cgroup::Cgroups>>,
     pub api_key: String,
@@ -497,6 +563,8 @@ pub async fn start(opts: EmulatorOptions) -> std::io::Result<Emulator> {
     let api_key = opts.api_key.clone().unwrap_or_else(|| format!("emu_{}", uuid::Uuid::new_v4().simple()));
     let inner = Arc::new(Inner {
         instance,
+        profile: opts.profile.unwrap_or_default(),
+        late: Mutex::new(Vec::new()),
         cgroups,
         api_key,
         root,
@@ -556,6 +624,11 @@ impl Emulator {
 
     pub fn api_key(&self) -> String {
         self.inner.api_key.clone()
+    }
+
+    /// The profile it serves ([`EmulatorOptions::profile`]).
+    pub fn profile(&self) -> Profile {
+        self.inner.profile
     }
 
     /// How this emulator finds the processes of a tree.

@@ -205,6 +205,9 @@ pub(crate) struct Proc {
     pub key: u64,
     /// One of `KEPT_*`; changed only under the [`Inner::retention`] lock.
     pub kept: AtomicU8,
+    /// A `connect` stream has sent this process's exit frame (for
+    /// [`crate::FaultRule::after_exit_frame`]).
+    pub exit_sent: AtomicBool,
 }
 
 /// Running, or exited and not yet handed to the retention budget.
@@ -509,6 +512,7 @@ pub(crate) fn start_process(
         capture: Mutex::new([Vec::new(), Vec::new()]),
         key: inner.next_key.fetch_add(1, Ordering::Relaxed),
         kept: AtomicU8::new(KEPT_LIVE),
+        exit_sent: AtomicBool::new(false),
     });
     sb.procs.lock().unwrap().push(proc.clone());
     if let Some(out) = child.stdout.take() {
