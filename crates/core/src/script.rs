@@ -148,10 +148,12 @@ pub fn command_script(cmd: &Command<'_>, gate: Option<&Gate<'_>>) -> Result<Stri
         ));
         lines.push("while :; do".into());
         lines.push(format!("  if __cos_cancelled; then exit {CANCELLED_EXIT}; fi"));
-        // Open: claim it in one step (a rename only one process can win), then run.
+        // Open: the cancel file is read again after the gate was seen open (every cancellation
+        // was written before the gate's content), then the gate is claimed in one step (a
+        // rename only one process can win).
         lines.push(format!(
-            "  if [ -s {gate_q} ]; then mv -f -- {gate_q} {claim_q}.$$ 2>/dev/null || exit {CANCELLED_EXIT}; \
-             rm -f -- {claim_q}.$$; break; fi"
+            "  if [ -s {gate_q} ]; then if __cos_cancelled; then exit {CANCELLED_EXIT}; fi; \
+             mv -f -- {gate_q} {claim_q}.$$ 2>/dev/null || exit {CANCELLED_EXIT}; rm -f -- {claim_q}.$$; break; fi"
         ));
         lines.push(format!(
             "  if [ \"$SECONDS\" -ge \"$__cos_end\" ]; then {remove_stdin}rm -f -- {gate_q}; exit {GATE_TIMEOUT_EXIT}; fi"
