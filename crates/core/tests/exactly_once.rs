@@ -52,8 +52,12 @@ fn runs(file: &str) -> usize {
 fn tokens(emu: &Emulator) -> Vec<String> {
     let mut out: Vec<String> = Vec::new();
     for r in emu.requests().iter().filter(|r| r.route == "putFile") {
-        let Some(i) = r.query.find("createos-start-") else { continue };
-        let t: String = r.query[i + 15..].chars().take_while(char::is_ascii_alphanumeric).collect();
+        let Some((i, n)) =
+            ["createos-start-", "createos-stdin-"].iter().find_map(|p| Some((r.query.find(p)?, p.len())))
+        else {
+            continue;
+        };
+        let t: String = r.query[i + n..].chars().take_while(char::is_ascii_alphanumeric).collect();
         if !out.contains(&t) {
             out.push(t);
         }
