@@ -281,9 +281,11 @@ export type CleanupReason = 'creation-unconfirmed' | 'termination-unconfirmed'
 /**
  * The steps of a cleanup: `delete` (a process DELETE, with its grace), `wait` (a
  * `wait?scope=tree` confirmation), `list` (the search for a process behind a lost creation
- * answer), `backoff` (the pause between rounds) and `internal` (a panic in native code).
+ * answer), `cancel` (the cancel file that makes a creation applied late exit without running),
+ * `backoff` (the pause between rounds), `internal` (a panic in native code), and `remove` (the
+ * removal of staged files after the verdict: only on the `createos-execute:cleanup` channel).
  */
-export type CleanupStep = 'delete' | 'wait' | 'list' | 'backoff' | 'internal'
+export type CleanupStep = 'delete' | 'wait' | 'list' | 'cancel' | 'backoff' | 'internal' | 'remove'
 
 /**
  * What a cleanup step saw. `tree exited` proves the tree gone; `HTTP 404` does too unless the
@@ -298,6 +300,8 @@ export type CleanupOutcome =
   | 'invalid id'
   | 'inconsistent pages'
   | 'too many pages'
+  | 'written'
+  | 'removed'
   | 'panic'
   | `found ${number}`
   | AttemptFailure

@@ -812,11 +812,10 @@ pub async fn remove_staged(client: &Client, sandbox_id: &str, paths: &[String], 
     let timeout = slice(&ctx, Duration::ZERO);
     let op = Operation::WorkspaceCommand;
     match client.json_with(op, Method::POST, &path, Some(body), &ctx, Retry::Safe, timeout).await {
-        Ok(d) => {
-            let code = d.get("result").and_then(|r| r.get("exit_code")).or_else(|| d.get("exit_code"));
-            let outcome = if code.and_then(Value::as_i64) == Some(0) { "removed" } else { "failed" };
-            steps.push("remove", None, outcome);
+        Ok(d) if d.get("result").and_then(|r| r.get("exit_code")).and_then(Value::as_i64) == Some(0) => {
+            steps.push("remove", None, "removed");
         }
+        Ok(_) => steps.push("remove", None, "failed"),
         Err(e) => steps.push("remove", None, outcome_of(&e)),
     }
 }
