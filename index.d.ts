@@ -124,7 +124,9 @@ export type ExecuteMetadata = {
   outputTruncated: boolean
   /**
    * Whether the whole process tree is gone: `true` also after a timeout whose tree was
-   * ended and proven gone, `false` when the command left processes running, `null` when unknown.
+   * ended and proven gone, or after `leftoverProcesses: 'terminate'` ended a leftover; `false`
+   * when the command left processes running; `null` when unknown (e.g. the exit frame arrived
+   * but the process record that would say could not be read: the result still stands).
    */
   treeExited: boolean | null
 }
