@@ -654,12 +654,9 @@ pub async fn recover_creation(
 ) -> std::result::Result<bool, RecoveryFailure> {
     steps.observe(client);
     let listed = AssertUnwindSafe(list_ours(client, sandbox_id, marker, ctx, &mut *steps)).catch_unwind().await;
-    let listed = match listed {
-        Ok(l) => l,
-        Err(_) => {
-            steps.push("internal", None, "panic");
-            return Err(RecoveryFailure::creation());
-        }
+    let Ok(listed) = listed else {
+        steps.push("internal", None, "panic");
+        return Err(RecoveryFailure::creation());
     };
     for found in &listed.ours {
         *seen_alive |= found.alive;
