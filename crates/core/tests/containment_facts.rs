@@ -17,7 +17,7 @@ use createos_execute_core::execute::{self, execute};
 use createos_test_support::{assert_nothing_alive, assert_only_alive, unlimited, with_emulator, Emulator};
 use reqwest::Method;
 use serde_json::json;
-use support::{cfg, count, fault, params, start_process, timed_out_run};
+use support::{as_full, cfg, count, fault, full, params, start_process, timed_out_run};
 
 /// `METHOD route status` of every request that arrived in full, in the order received; the
 /// query too for DELETE and wait.
@@ -265,7 +265,7 @@ async fn a_live_list_entry_makes_a_later_404_no_proof_in_the_recovery() {
         assert_eq!(report.reason, CleanupReason::TerminationUnconfirmed);
         let id = emu.requests().into_iter().find(|q| q.route == "deleteProcess").unwrap().path;
         assert!(id.ends_with(report.process_id.as_deref().unwrap()), "reported by id");
-        let l = log(&emu);
+        let l = as_full(&emu, log(&emu));
         assert_eq!(
             l,
             vec![
@@ -322,7 +322,7 @@ async fn three_others_and_a_lost_creation(emu: &Emulator, c: &Config, sb: &str) 
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_list_that_ignores_offset_proves_nothing() {
-    with_emulator(unlimited(), |emu| async move {
+    with_emulator(full(), |emu| async move {
         let sb = emu.create_sandbox_now();
         let c = cfg(&emu, json!({}));
         let others = three_others_and_a_lost_creation(&emu, &c, &sb).await;
@@ -352,7 +352,7 @@ async fn a_list_that_ignores_offset_proves_nothing() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_list_capped_without_a_total_is_read_to_an_empty_page() {
-    with_emulator(unlimited(), |emu| async move {
+    with_emulator(full(), |emu| async move {
         let sb = emu.create_sandbox_now();
         let c = cfg(&emu, json!({}));
         let others = three_others_and_a_lost_creation(&emu, &c, &sb).await;
@@ -388,7 +388,7 @@ async fn a_creation_lost_before_any_answer_is_sent_again_once_the_list_proves_no
         fault(&emu, json!({ "route": "createProcess", "times": 1, "action": { "kind": "dropConnection" } }));
         let r = execute(&c, &params(&sb, "echo hi"), Abort::new(), None).await.unwrap();
         assert_eq!((r.exit_code, r.stdout.to_string().as_str()), (Some(0), "hi\n"));
-        let l = log(&emu);
+        let l = as_full(&emu, log(&emu));
         assert_eq!(
             &l[..4],
             &[
@@ -403,7 +403,7 @@ async fn a_creation_lost_before_any_answer_is_sent_again_once_the_list_proves_no
         fault(&emu, json!({ "route": "createProcess", "times": 1, "action": { "kind": "dropConnection", "afterHandler": true } }));
         let r = execute(&c, &params(&sb, "echo again"), Abort::new(), None).await.unwrap();
         assert_eq!((r.exit_code, r.stdout.to_string().as_str()), (Some(0), "again\n"));
-        let l = log(&emu);
+        let l = as_full(&emu, log(&emu));
         assert_eq!(
             &l[..5],
             &[
