@@ -29,7 +29,7 @@ after(async () => {
  * `keepAliveMs`. Per client connection it records every request and the idle time before it
  * (from the end of the previous response on that connection).
  */
-async function reverseProxy(target, keepAliveMs, { delayMs = 0 } = {}) {
+async function reverseProxy(target, keepAliveMs, { delayMs = 0, stall = null } = {}) {
   const upstream = new URL(target)
   const agent = new http.Agent({ keepAlive: true, maxSockets: Infinity })
   const seen = { connections: 0, requests: 0, reusedIdleMs: [], clientErrors: 0, upstreamErrors: 0 }
@@ -85,10 +85,18 @@ async function reverseProxy(target, keepAliveMs, { delayMs = 0 } = {}) {
     sock.destroy()
   })
   await new Promise((r) => server.listen(0, '127.0.0.1', r))
+  // A busy server: its event loop stalls for `stall.ms` every `stall.everyMs`. Timers run
+  // before reads in an event-loop turn, so an idle socket whose keep-alive expires during a
+  // stall is closed even when the next request had already arrived.
+  const stallTimer = stall && setInterval(() => {
+    const end = Date.now() + stall.ms
+    while (Date.now() < end) { /* busy */ }
+  }, stall.everyMs)
   return {
     url: `http://127.0.0.1:${server.address().port}`,
     seen,
     async close() {
+      if (stallTimer) clearInterval(stallTimer)
       for (const s of sockets) s.destroy()
       agent.destroy()
       await new Promise((r) => server.close(r))
@@ -140,15 +148,16 @@ test(`${WAVE} concurrent commands per wave, idle gaps around the server's 5 s ke
 // round just under the keep-alive after the first. Every command succeeds; the numbers are
 // printed (no assertion on time).
 const SLOW_N = Number(process.env.CREATEOS_KEEPALIVE_SLOW_N || 200)
+const SLOW_GAP_MS = Number(process.env.CREATEOS_KEEPALIVE_SLOW_GAP || 3900)
 test(`${SLOW_N} concurrent commands against a slow server with a 5 s keep-alive and an unpaged list: all succeed, twice`, { timeout: 300_000 }, async () => {
   slowCtx = await startEmu({ profile: 'documented' })
-  const proxy = await reverseProxy(slowCtx.url, KEEP_ALIVE_MS, { delayMs: 150 })
+  const proxy = await reverseProxy(slowCtx.url, KEEP_ALIVE_MS, { delayMs: 150, stall: { ms: 1500, everyMs: 2500 } })
   try {
     const sb = slowCtx.sandbox()
     const client = { config: { apiUrl: proxy.url, timeoutMs: 60_000, pacing: 'off' }, apiKey: slowCtx.apiKey }
     const rounds = []
     for (let round = 0; round < 2; round++) {
-      if (round > 0) await sleep(4900)
+      if (round > 0) await sleep(SLOW_GAP_MS)
       const started = Date.now()
       const results = await Promise.allSettled(
         Array.from({ length: SLOW_N }, (_, i) => execute(client, bashParams(sb, `sleep 1; echo r${round}-${i}`))),
