@@ -184,7 +184,7 @@ pub async fn execute(
             // once past its gate; ended before that (or never let through), it could not, so
             // they are removed after the verdict (housekeeping never delays it), bounded.
             if facts.staged || facts.gate_sent || contained == Contained::TreeGone {
-                let mut paths = vec![gate_path.clone()];
+                let mut paths = vec![gate_path.clone(), script::claim_path(&gate_path)];
                 paths.extend(stdin_path.clone());
                 spawn_remove(Arc::clone(&client), sb.to_owned(), paths, cfg.cleanup.deadline);
             }

@@ -21,8 +21,9 @@
 //! attempt there before it sends a creation again, and before it gives a verdict while a
 //! creation's fate is unknown, so an attempt the server applies late (whatever the order)
 //! exits at once with [`CANCELLED_EXIT`], without running anything and without touching the
-//! gate or the staged stdin. The gate is claimed in one atomic step (`mv` of the gate file to
-//! a name of the claimer's own): of two processes that see it open, only one can pass. The
+//! gate or the staged stdin. The gate is claimed in one atomic step (the exclusive creation of
+//! a claim file, [`claim_path`], with bash's `noclobber`): of two processes that see it open,
+//! only one can pass. The
 //! gate's content is written only for the attempt whose creation was answered, after every
 //! earlier attempt was cancelled, so a process that sees the gate open and reads the cancel
 //! file after it sees every cancellation that came before.
@@ -52,6 +53,11 @@ pub const CANCELLED_EXIT: i32 = 124;
 /// attempt (see the module doc).
 pub fn cancel_path(gate_path: &str) -> String {
     format!("{gate_path}.cancelled")
+}
+
+/// The claim file next to the gate: created exclusively by the one process that passes it.
+pub fn claim_path(gate_path: &str) -> String {
+    format!("{gate_path}.claimed")
 }
 
 /// How the script of attempt `attempt` begins (a list entry whose script starts so is that
@@ -132,7 +138,7 @@ pub fn command_script(cmd: &Command<'_>, gate: Option<&Gate<'_>>) -> Result<Stri
     if let Some(g) = gate {
         let gate_q = shell_quote(g.gate_path)?;
         let cancel_q = shell_quote(&cancel_path(g.gate_path))?;
-        let claim_q = shell_quote(&format!("{}.claimed", g.gate_path))?;
+        let claim_q = shell_quote(&claim_path(g.gate_path))?;
         let stdin_q = g.stdin_path.map(shell_quote).transpose()?;
         let remove_stdin = stdin_q.as_ref().map(|s| format!("rm -f -- {s}; ")).unwrap_or_default();
         let attempt = g.attempt.max(1);
@@ -149,11 +155,11 @@ pub fn command_script(cmd: &Command<'_>, gate: Option<&Gate<'_>>) -> Result<Stri
         lines.push("while :; do".into());
         lines.push(format!("  if __cos_cancelled; then exit {CANCELLED_EXIT}; fi"));
         // Open: the cancel file is read again after the gate was seen open (every cancellation
-        // was written before the gate's content), then the gate is claimed in one step (a
-        // rename only one process can win).
+        // was written before the gate's content), then the gate is claimed in one step: the
+        // claim file is created with O_EXCL (bash's noclobber), which only one process can win.
         lines.push(format!(
             "  if [ -s {gate_q} ]; then if __cos_cancelled; then exit {CANCELLED_EXIT}; fi; \
-             mv -f -- {gate_q} {claim_q}.$$ 2>/dev/null || exit {CANCELLED_EXIT}; rm -f -- {claim_q}.$$; break; fi"
+             {{ set -C; : > {claim_q}; }} 2>/dev/null || exit {CANCELLED_EXIT}; set +C; rm -f -- {gate_q} {claim_q}; break; fi"
         ));
         lines.push(format!(
             "  if [ \"$SECONDS\" -ge \"$__cos_end\" ]; then {remove_stdin}rm -f -- {gate_q}; exit {GATE_TIMEOUT_EXIT}; fi"
@@ -365,17 +371,19 @@ mod tests {
     fn of_two_waiters_on_one_open_gate_only_one_runs() {
         let dir = fresh_dir("two");
         let ran = dir.join("ran");
-        for _ in 0..5 {
+        for _ in 0..3 {
             let _ = std::fs::remove_file(&ran);
             // The same attempt twice (a server that applied one creation twice): the loser
-            // either lost the rename or never saw the gate open (then it waits out its gate).
-            let mut a = gated_for(&dir, 1, &ran, 1);
-            let mut b = gated_for(&dir, 1, &ran, 1);
+            // either lost the claim or never saw the gate open (then it waits out its gate).
+            let mut a = gated_for(&dir, 1, &ran, 3);
+            let mut b = gated_for(&dir, 1, &ran, 3);
             std::thread::sleep(std::time::Duration::from_millis(100));
             std::fs::write(dir.join("gate"), GATE_CONTENT).unwrap();
             let mut codes = [a.wait().unwrap().code(), b.wait().unwrap().code()];
             codes.sort();
             assert!(matches!(codes, [Some(0), Some(CANCELLED_EXIT | GATE_TIMEOUT_EXIT)]), "{codes:?}");
+            let gate = dir.join("gate");
+            assert!(!gate.exists() && !std::path::Path::new(&claim_path(gate.to_str().unwrap())).exists());
             assert_eq!(std::fs::read_to_string(&ran).unwrap(), "ran\n");
         }
         std::fs::remove_dir_all(&dir).ok();
