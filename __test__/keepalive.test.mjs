@@ -18,8 +18,10 @@ const WAVE = Number(process.env.CREATEOS_KEEPALIVE_WAVE || 100)
 const GAPS_MS = [4850, 4950, 5000, 5050, 5150]
 
 let ctx
+let slowCtx
 after(async () => {
   if (ctx) await ctx.close(FILE)
+  if (slowCtx) await slowCtx.close(FILE)
 })
 
 /**
@@ -27,7 +29,7 @@ after(async () => {
  * `keepAliveMs`. Per client connection it records every request and the idle time before it
  * (from the end of the previous response on that connection).
  */
-async function reverseProxy(target, keepAliveMs) {
+async function reverseProxy(target, keepAliveMs, { delayMs = 0, stall = null } = {}) {
   const upstream = new URL(target)
   const agent = new http.Agent({ keepAlive: true, maxSockets: Infinity })
   const seen = { connections: 0, requests: 0, reusedIdleMs: [], clientErrors: 0, upstreamErrors: 0 }
@@ -41,6 +43,8 @@ async function reverseProxy(target, keepAliveMs) {
     const headers = { ...req.headers }
     delete headers.connection
     delete headers['keep-alive']
+    if (delayMs > 0) req.pause()
+    const forward = () => {
     const up = http.request({
       host: upstream.hostname, port: upstream.port, method: req.method, path: req.url, headers, agent,
     }, (ures) => {
@@ -61,8 +65,13 @@ async function reverseProxy(target, keepAliveMs) {
       else res.destroy()
     })
     req.pipe(up)
+    req.resume()
     // The client went away: so does the upstream request (not an upstream error).
     res.on('close', () => { if (!res.writableFinished) { dropped = true; up.destroy() } })
+    }
+    // A slow server: every request waits before it is handled.
+    if (delayMs > 0) setTimeout(forward, delayMs)
+    else forward()
   })
   server.keepAliveTimeout = keepAliveMs
   server.on('connection', (sock) => {
@@ -76,10 +85,18 @@ async function reverseProxy(target, keepAliveMs) {
     sock.destroy()
   })
   await new Promise((r) => server.listen(0, '127.0.0.1', r))
+  // A busy server: its event loop stalls for `stall.ms` every `stall.everyMs`. Timers run
+  // before reads in an event-loop turn, so an idle socket whose keep-alive expires during a
+  // stall is closed even when the next request had already arrived.
+  const stallTimer = stall && setInterval(() => {
+    const end = Date.now() + stall.ms
+    while (Date.now() < end) { /* busy */ }
+  }, stall.everyMs)
   return {
     url: `http://127.0.0.1:${server.address().port}`,
     seen,
     async close() {
+      if (stallTimer) clearInterval(stallTimer)
       for (const s of sockets) s.destroy()
       agent.destroy()
       await new Promise((r) => server.close(r))
@@ -121,6 +138,53 @@ test(`${WAVE} concurrent commands per wave, idle gaps around the server's 5 s ke
     assert.equal(late, 0, `a connection was reused ${maxIdle} ms after its last response (the server closes at ${KEEP_ALIVE_MS} ms)`)
     assert.equal(proxy.seen.upstreamErrors, 0)
     assert.deepEqual(ctx.emu.livePids(), [])
+  } finally {
+    await proxy.close()
+  }
+})
+
+// The documented API (an unpaged process list without `total`) behind a slow Node `http` front
+// with its default 5 s keep-alive: 200 concurrent `sleep 1; echo`, pacing off, twice, the second
+// round just under the keep-alive after the first. Every command succeeds; the numbers are
+// printed (no assertion on time).
+const SLOW_N = Number(process.env.CREATEOS_KEEPALIVE_SLOW_N || 200)
+const SLOW_GAP_MS = Number(process.env.CREATEOS_KEEPALIVE_SLOW_GAP || 3900)
+test(`${SLOW_N} concurrent commands against a slow server with a 5 s keep-alive and an unpaged list: all succeed, twice`, { timeout: 300_000 }, async () => {
+  slowCtx = await startEmu({ profile: 'documented' })
+  const proxy = await reverseProxy(slowCtx.url, KEEP_ALIVE_MS, { delayMs: 150, stall: { ms: 1500, everyMs: 2500 } })
+  try {
+    const sb = slowCtx.sandbox()
+    const client = { config: { apiUrl: proxy.url, timeoutMs: 60_000, pacing: 'off' }, apiKey: slowCtx.apiKey }
+    const rounds = []
+    for (let round = 0; round < 2; round++) {
+      if (round > 0) await sleep(SLOW_GAP_MS)
+      const started = Date.now()
+      const results = await Promise.allSettled(
+        Array.from({ length: SLOW_N }, (_, i) => execute(client, bashParams(sb, `sleep 1; echo r${round}-${i}`))),
+      )
+      const failures = []
+      let ok = 0
+      results.forEach((r, i) => {
+        if (r.status === 'fulfilled' && r.value.exitCode === 0 && r.value.stdout === `r${round}-${i}\n`) ok += 1
+        else failures.push(r.status === 'fulfilled' ? JSON.stringify(r.value).slice(0, 200) : `${r.reason?.code} ${r.reason?.message}`)
+      })
+      rounds.push({ ok, ms: Date.now() - started, failures })
+    }
+    const reqs = slowCtx.emu.requests()
+    const byRoute = (route, status) => reqs.filter((r) => r.route === route && r.status === status).length
+    console.log(`slow keep-alive load: ${rounds.map((r) => `${r.ok}/${SLOW_N} in ${r.ms} ms`).join(', ')}; ` +
+      `server saw ${proxy.seen.requests} requests on ${proxy.seen.connections} connections; ` +
+      `creations ${byRoute('createProcess', 201)} answered, ${reqs.filter((r) => r.route === 'createProcess' && r.status !== 201).length} not; ` +
+      `lists ${reqs.filter((r) => r.route === 'listProcesses').length}; client errors ${proxy.seen.clientErrors}, upstream errors ${proxy.seen.upstreamErrors}`)
+    for (const r of rounds) {
+      assert.deepEqual(r.failures.slice(0, 5), [], `${r.failures.length} commands failed`)
+      assert.equal(r.ok, SLOW_N)
+    }
+    const outputs = reqs.filter((r) => r.route === 'createProcess' && r.status === 201).length
+    assert.ok(outputs >= 2 * SLOW_N)
+    const end = Date.now() + 5000
+    while (slowCtx.emu.livePids().length && Date.now() < end) await sleep(20)
+    assert.deepEqual(slowCtx.emu.livePids(), [], 'no process of any call is alive')
   } finally {
     await proxy.close()
   }

@@ -14,7 +14,7 @@ use createos_test_support::{
     assert_nothing_alive, assert_only_alive, unlimited, with_emulator, Emulator, EmulatorOptions,
 };
 use serde_json::json;
-use support::{cfg, count, fault, params, start_process, timed_out_run};
+use support::{cfg, count, fault, full, params, start_process, timed_out_run};
 
 /// `METHOD route query status` of every request of `route`.
 fn of(emu: &Emulator, route: &str) -> Vec<String> {
@@ -183,7 +183,7 @@ async fn a_404_with_nothing_said_alive_is_still_proof() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_lost_creation_is_found_on_a_later_page_of_the_list() {
-    with_emulator(unlimited(), |emu| async move {
+    with_emulator(full(), |emu| async move {
         let sb = emu.create_sandbox_now();
         let c = cfg(&emu, json!({}));
         for _ in 0..4 {

@@ -8,7 +8,7 @@ use createos_execute_core::abort::{Abort, Ctx};
 use createos_execute_core::config::{parse_config, parse_params, Config, Params};
 use createos_execute_core::error::{Error, Operation};
 use createos_execute_core::execute::{execute, ExecuteResult};
-use createos_test_support::{Emulator, FaultRule};
+use createos_test_support::{unlimited, Emulator, EmulatorOptions, FaultRule, Profile};
 use reqwest::Method;
 use serde_json::json;
 
@@ -57,4 +57,28 @@ pub async fn start_process(c: &Config, sb: &str, cmd: &str, args: serde_json::Va
         .await
         .unwrap();
     d["process_id"].as_str().unwrap().to_owned()
+}
+
+/// An emulator of the full profile, for a test whose faults shape what only it serves (a paged
+/// process list: `pageSize`, `ignoreOffset`).
+pub fn full() -> EmulatorOptions {
+    EmulatorOptions { profile: Some(Profile::Full), ..unlimited() }
+}
+
+/// A request log (`METHOD route …` lines) as the full profile gives it: under the documented
+/// profile the unpaged process list is read twice (a short page, then the same page again at
+/// the next offset, which ends it), and the second read is folded into the first here.
+pub fn as_full(emu: &Emulator, log: Vec<String>) -> Vec<String> {
+    if emu.profile() != Profile::Documented {
+        return log;
+    }
+    let mut out: Vec<String> = Vec::with_capacity(log.len());
+    for line in log {
+        let list = |l: &str| l.starts_with("GET listProcesses");
+        if list(&line) && out.last().is_some_and(|prev| list(prev)) {
+            continue;
+        }
+        out.push(line);
+    }
+    out
 }

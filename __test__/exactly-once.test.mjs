@@ -1,0 +1,100 @@
+// At most once, from the host's view, against the emulator's documented profile (an unpaged
+// process list without `total`, exit frames without `newest_seq`): a late creation never runs
+// the command, a finished command stays finished when its record cannot be read, treeExited is
+// true after 'terminate' ended a leftover, and no staged file stays after a stream error.
+import { test } from 'node:test'
+import assert from 'node:assert/strict'
+import { existsSync, readdirSync, readFileSync, rmSync } from 'node:fs'
+import { lib, bashParams, rejection, sleep, useEmulator } from './helpers.mjs'
+
+const { execute, CreateosApiError } = lib
+let ctx
+useEmulator(import.meta.url, (c) => { ctx = c }, { profile: 'documented' })
+
+let n = 0
+const ranFile = () => `/tmp/exact-js-ran-${process.pid}-${Date.now()}-${n++}`
+const runs = (f) => (existsSync(f) ? readFileSync(f, 'utf8').split('\n').filter(Boolean).length : 0)
+const tokenOf = (requests) => {
+  for (const r of requests) {
+    const m = /createos-(?:start|stdin)-([0-9a-f]+)/.exec(decodeURIComponent(r.query))
+    if (r.route === 'putFile' && m) return m[1]
+  }
+  return null
+}
+const staged = (token) => readdirSync('/tmp').filter((f) => f.includes(token) && !f.endsWith('.cancelled'))
+const line = (r) => (r.route === 'putFile' && r.query.includes('.cancelled') ? 'PUT cancel' : `${r.method} ${r.route}`)
+
+async function until(check, ms = 10_000) {
+  const end = Date.now() + ms
+  while (!check() && Date.now() < end) await sleep(20)
+  return check()
+}
+
+test('a creation applied right after the recovery list: the command runs once, the late process runs nothing', async () => {
+  const sb = ctx.sandbox()
+  await execute(ctx.client(), bashParams(sb, 'echo earlier'))
+  ctx.reset()
+  ctx.emu.addFault({ route: 'createProcess', times: 1, action: { kind: 'applyLate', afterList: true } })
+  const file = ranFile()
+  const r = await execute(ctx.client({ pacing: 'off' }), bashParams(sb, `echo run >> ${file}; echo done`))
+  assert.equal(r.exitCode, 0)
+  assert.equal(r.stdout, 'done\n')
+  const log = ctx.requests().filter((q) => q.receivedMs !== null).map(line)
+  const create = log.lastIndexOf('POST createProcess')
+  assert.ok(log.indexOf('PUT cancel') > log.indexOf('GET listProcesses') && log.indexOf('PUT cancel') < create, log.join(', '))
+  assert.ok(await until(() => ctx.requests().some((q) => q.appliedMs != null)), 'the late creation was applied')
+  assert.ok(await until(() => ctx.emu.livePids().length === 0), 'nothing of the call stays alive')
+  assert.equal(runs(file), 1, 'the command ran exactly once')
+  rmSync(file, { force: true })
+  rmSync(`/tmp/createos-start-${tokenOf(ctx.requests())}.cancelled`, { force: true })
+})
+
+test('a finished command stays finished when its record cannot be read: treeExited null, no error', async () => {
+  const sb = ctx.sandbox()
+  ctx.emu.addFault({ route: 'getProcess', afterExitFrame: true, action: { kind: 'status', status: 500 } })
+  const r = await execute(ctx.client(), bashParams(sb, 'echo hi'))
+  assert.equal(r.exitCode, 0)
+  assert.equal(r.stdout, 'hi\n')
+  assert.equal(r.metadata.treeExited, null)
+  assert.ok(ctx.requests().some((q) => q.route === 'getProcess' && q.status === 500))
+  assert.deepEqual(ctx.emu.livePids(), [])
+})
+
+test("'terminate' ends a leftover and reports treeExited: true", async () => {
+  const sb = ctx.sandbox()
+  const r = await execute(ctx.client({ leftoverProcesses: 'terminate' }), bashParams(sb, 'sleep 30 >/dev/null 2>&1 & echo started'))
+  assert.equal(r.stdout, 'started\n')
+  assert.equal(r.metadata.treeExited, true)
+  const deletes = ctx.requests().filter((q) => q.route === 'deleteProcess')
+  assert.deepEqual(deletes.map((q) => q.status), [200])
+  assert.ok(await until(() => ctx.emu.livePids().length === 0))
+})
+
+test('a creation applied then answered 502 in a used sandbox: found, ended, an ordinary error', async () => {
+  const sb = ctx.sandbox()
+  await execute(ctx.client(), bashParams(sb, 'echo earlier'))
+  ctx.reset()
+  ctx.emu.addFault({ route: 'createProcess', times: 1, action: { kind: 'status', status: 502, afterHandler: true } })
+  const file = ranFile()
+  const error = await rejection(execute(ctx.client(), bashParams(sb, `echo run >> ${file}`)))
+  assert.ok(error instanceof CreateosApiError, String(error && error.stack))
+  assert.equal(error.status, 502)
+  const log = ctx.requests().filter((q) => q.receivedMs !== null).map(line)
+  assert.ok(log.includes('DELETE deleteProcess'), log.join(', '))
+  assert.ok(await until(() => ctx.emu.livePids().length === 0))
+  assert.equal(runs(file), 0)
+})
+
+test('no staged file stays after a stream error while the script was still starting', async () => {
+  const sb = ctx.sandbox()
+  // The login shell takes 1 s, so the call ends before the script reached its gate.
+  await execute(ctx.client(), bashParams(sb, 'echo sleep 1 > "$HOME/.bash_profile"'))
+  ctx.reset()
+  ctx.emu.addFault({ route: 'connect', times: 1, action: { kind: 'errorFrame', error: 'boom' } })
+  await rejection(execute(ctx.client(), bashParams(sb, 'cat', { stdin: 'secret' })))
+  const token = tokenOf(ctx.requests())
+  assert.ok(token)
+  assert.ok(await until(() => staged(token).length === 0), `left: ${staged(token)}`)
+  assert.ok(await until(() => ctx.emu.livePids().length === 0))
+  await execute(ctx.client(), bashParams(sb, 'rm -f "$HOME/.bash_profile"'))
+})
