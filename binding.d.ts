@@ -175,8 +175,18 @@ export interface NativeWarning {
  */
 export declare function setExecArgvEnvProxy(on?: boolean | undefined | null): void
 
+/**
+ * Registers the function told whenever the core queues a warning (the last registration
+ * wins; one whose environment went away is dropped, and warnings then wait for the next call
+ * that settles).
+ */
+export declare function setWarningListener(notify: NotifyFn): void
+
 /** Quotes a value as one bash word; throws on NUL. */
 export declare function shellQuote(value: string): string
+
+/** The warnings queued since they were last taken (each is delivered once). */
+export declare function takeWarningsNow(): Array<NativeWarning> | null
 
 /** Waits for a request slot of the API origin (the pacer shared with every call). */
 export declare function waitForRequestNative(client: object, cancel: CancelHandle): Promise<WaitOutcome>

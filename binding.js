@@ -842,5 +842,7 @@ module.exports.executeNative = nativeBinding.executeNative
 module.exports.executeStreamNative = nativeBinding.executeStreamNative
 module.exports.followProcessNative = nativeBinding.followProcessNative
 module.exports.setExecArgvEnvProxy = nativeBinding.setExecArgvEnvProxy
+module.exports.setWarningListener = nativeBinding.setWarningListener
 module.exports.shellQuote = nativeBinding.shellQuote
+module.exports.takeWarningsNow = nativeBinding.takeWarningsNow
 module.exports.waitForRequestNative = nativeBinding.waitForRequestNative

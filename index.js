@@ -24,6 +24,10 @@ const { diagnosticsCallback } = require('./lib/diagnostics.js')
 const { processEvents } = require('./lib/frames.js')
 const { transportFor } = require('./lib/fetch-transport.js')
 
+// Warnings the core queues between calls (a shared pacing store that answers again, noticed by
+// its probe) reach the host when they happen, not only with the next call that settles.
+native.setWarningListener(() => emitWarnings({ warnings: native.takeWarningsNow() }))
+
 async function execute(client, params, signal, log) {
   const c = nativeClient(client)
   const p = nativeParams(params, clientSecrets(c))

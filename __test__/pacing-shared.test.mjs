@@ -351,3 +351,60 @@ test('a cleanup in one process goes ahead of the new work other processes queued
   assert.ok(later >= 15, `only ${later} of ${creations.length} creations came after the DELETE`)
   console.log(`shared store: victim settled ${afterTimeout} ms after its timeout; ${later} of ${creations.length} creations after its DELETE`)
 })
+
+// The store's return is noticed by the pacer's own probe timer; the host hears of it then, with
+// no call in flight (a warning delivered only with the next call that settles could come
+// minutes later, or never).
+test('STORE_RESTORED reaches the host within 2 s of the store\'s return, with no call in flight', { timeout: 60_000 }, async () => {
+  const redis = await startRedis()
+  const origin = 'http://127.0.0.1:9'
+  const index = fileURLToPath(new URL('../index.js', import.meta.url))
+  // The child: one decision in the store, then (store killed by the parent) one decided
+  // locally, then nothing in flight while it waits for the restored notice.
+  const script = `
+    const lib = require(${JSON.stringify(index)})
+    const seen = []
+    process.on('warning', (w) => { if (w.code) seen.push({ code: w.code, at: Date.now() }) })
+    const say = (m) => process.stdout.write(JSON.stringify(m) + '\\n')
+    process.stdin.setEncoding('utf8')
+    let step = 0
+    process.stdin.on('data', async () => {
+      step += 1
+      if (step === 1) { await lib.waitForRequest(${JSON.stringify(origin)}); await new Promise((r) => setImmediate(r)); say({ step, seen }) }
+      if (step === 2) { setTimeout(() => { say({ step, seen }); process.exit(0) }, 4000) }
+    })
+    lib.waitForRequest(${JSON.stringify(origin)}).then(() => say({ step: 0, seen }))
+  `
+  const child = spawn(process.execPath, ['-e', script], { env: { ...baseEnv(), CREATEOS_PACING_STORE: redis.url }, stdio: ['pipe', 'pipe', 'pipe'] })
+  cleanups.push(async () => { if (child.exitCode === null && child.signalCode === null) child.kill('SIGKILL') })
+  const lines = []
+  let buf = ''
+  let wake = () => {}
+  child.stdout.on('data', (d) => {
+    buf += d
+    let i
+    while ((i = buf.indexOf('\n')) >= 0) { lines.push(JSON.parse(buf.slice(0, i))); buf = buf.slice(i + 1); wake() }
+  })
+  const next = async (n) => {
+    const deadline = Date.now() + 20_000
+    while (lines.length < n) {
+      assert.ok(Date.now() < deadline, 'the child answered')
+      await new Promise((r) => { wake = r; setTimeout(r, 200) })
+    }
+    return lines[n - 1]
+  }
+  assert.deepEqual((await next(1)).seen, [], 'the store answered the first decision')
+  await redis.kill()
+  child.stdin.write('x\n')
+  const down = await next(2)
+  assert.deepEqual(down.seen.map((w) => w.code), ['CREATEOS_PACING_STORE_DOWN'])
+  await sleep(500)
+  await redis.start()
+  const back = Date.now()
+  child.stdin.write('x\n')
+  const after = await next(3)
+  const restored = after.seen.find((w) => w.code === 'CREATEOS_PACING_STORE_RESTORED')
+  console.log(`STORE_RESTORED ${restored ? `${restored.at - back} ms after the store's return` : 'never came'}`)
+  assert.ok(restored, 'the restored notice came without another call')
+  assert.ok(restored.at - back <= 2000, `within 2 s (${restored.at - back} ms)`)
+})

@@ -341,6 +341,26 @@ fn take_warnings() -> Option<Vec<NativeWarning>> {
     })
 }
 
+/// `notify()`: warnings are queued (`takeWarnings` drains them). Weak: it never keeps Node
+/// alive.
+type NotifyFn = ThreadsafeFunction<(), (), (), Status, false, true>;
+
+/// Registers the function told whenever the core queues a warning (the last registration
+/// wins; one whose environment went away is dropped, and warnings then wait for the next call
+/// that settles).
+#[napi]
+pub fn set_warning_listener(notify: NotifyFn) {
+    createos_execute_core::pacer::set_warning_listener(Some(Box::new(move || {
+        notify.call((), ThreadsafeFunctionCallMode::NonBlocking) == Status::Ok
+    })));
+}
+
+/// The warnings queued since they were last taken (each is delivered once).
+#[napi]
+pub fn take_warnings_now() -> Option<Vec<NativeWarning>> {
+    take_warnings()
+}
+
 /// `{ ok, value?, error?, warnings? }` for each kind of value; a call never rejects for a
 /// domain error.
 macro_rules! outcome_type {

@@ -77,11 +77,35 @@ fn pending() -> &'static Mutex<Vec<Warning>> {
     PENDING.get_or_init(Default::default)
 }
 
-/// Queues a warning for the next native call that settles (bounded; one per transition).
+/// Told that a warning was queued; returns false once it can no longer deliver (then it is
+/// dropped, and warnings wait for the next call that settles).
+pub type WarningListener = Box<dyn Fn() -> bool + Send + Sync>;
+
+fn listener() -> &'static Mutex<Option<WarningListener>> {
+    static LISTENER: OnceLock<Mutex<Option<WarningListener>>> = OnceLock::new();
+    LISTENER.get_or_init(Default::default)
+}
+
+/// Sets (or clears) the one listener told of every queued warning, so the host hears of a
+/// transition when it happens (a store that answers again is noticed by the probe's own timer,
+/// while no call may be in flight), not only when a call settles.
+pub fn set_warning_listener(l: Option<WarningListener>) {
+    *listener().lock().unwrap_or_else(std::sync::PoisonError::into_inner) = l;
+}
+
+/// Queues a warning for the listener, or else for the next native call that settles (bounded;
+/// one per transition).
 pub(crate) fn warn(w: Warning) {
-    let mut p = pending().lock().unwrap_or_else(std::sync::PoisonError::into_inner);
-    if p.len() < MAX_PENDING_WARNINGS {
+    {
+        let mut p = pending().lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        if p.len() >= MAX_PENDING_WARNINGS {
+            return;
+        }
         p.push(w);
+    }
+    let mut l = listener().lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+    if l.as_ref().is_some_and(|notify| !notify()) {
+        *l = None;
     }
 }
 
