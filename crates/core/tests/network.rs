@@ -10,7 +10,9 @@ use createos_execute_core::abort::Abort;
 use createos_execute_core::config::{parse_config, parse_params, Config, Params};
 use createos_execute_core::error::Error;
 use createos_execute_core::execute::execute;
-use createos_test_support::{assert_nothing_alive, unlimited, with_emulator, Emulator, EmulatorOptions, FaultRule};
+use createos_test_support::{
+    assert_nothing_alive, command_requests, unlimited, with_emulator, Emulator, EmulatorOptions, FaultRule,
+};
 use serde_json::json;
 
 fn cfg(emu: &Emulator, extra: serde_json::Value) -> Config {
@@ -58,7 +60,7 @@ async fn https_with_ca_cert_pem_over_h2_and_http1() {
                 let r = execute(&c, &params(&sb, "cat; echo out", stdin), Abort::new(), None).await.unwrap();
                 assert_eq!(r.exit_code, Some(0));
                 assert_eq!(r.stdout, format!("{}out\n", stdin.unwrap_or("")));
-                let reqs = emu.requests();
+                let reqs = command_requests(&emu);
                 assert_eq!(reqs.len(), if stdin.is_some() { 4 } else { 3 }, "{reqs:?}");
                 let want = if http2 { "HTTP/2.0" } else { "HTTP/1.1" };
                 assert!(reqs.iter().all(|r| r.http_version == want), "{reqs:?}");
@@ -81,7 +83,7 @@ async fn held_headers_do_not_hold_the_command_until_a_heartbeat() {
         let r = execute(&cfg(&emu, json!({})), &params(&sb, "printf 'a\\nb'", None), Abort::new(), None).await.unwrap();
         assert_eq!((r.exit_code, r.stdout.to_string().as_str()), (Some(0), "a\nb"));
         assert!(started.elapsed() < Duration::from_secs(20), "the command waited for a heartbeat");
-        let reqs = emu.requests();
+        let reqs = command_requests(&emu);
         let routes: Vec<&str> = reqs.iter().map(|r| r.route).collect();
         assert_eq!(routes, ["createProcess", "connect", "putFile"]);
         // The gate was written long before the first heartbeat would have been sent, and its
@@ -217,7 +219,7 @@ async fn on_a_cold_http1_client_the_gate_request_goes_out_beside_the_creation() 
         let sb = emu.create_sandbox_now();
         let r = execute(&cfg(&emu, json!({})), &params(&sb, "echo hi", None), Abort::new(), None).await.unwrap();
         assert_eq!((r.exit_code, r.stdout.to_string().as_str()), (Some(0), "hi\n"));
-        let reqs = emu.requests();
+        let reqs = command_requests(&emu);
         let routes: Vec<&str> = reqs.iter().map(|r| r.route).collect();
         assert_eq!(routes, ["createProcess", "connect", "putFile"]);
         let (create, connect, gate) = (&reqs[0], &reqs[1], &reqs[2]);
