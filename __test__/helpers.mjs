@@ -95,8 +95,26 @@ export function useEmulator(metaUrl, onStart, options = {}) {
   beforeEach(() => ctx.reset())
 }
 
+/**
+ * The emulator profile a test gets when it names none: `CREATEOS_EMULATOR_PROFILE` (`full` or
+ * `documented`), else the emulator's default (`full`). A misspelt name fails the test run.
+ */
+export function defaultProfile() {
+  const p = process.env.CREATEOS_EMULATOR_PROFILE
+  if (p === undefined || p === '') return undefined
+  if (p !== 'full' && p !== 'documented') {
+    throw new Error(`CREATEOS_EMULATOR_PROFILE=${JSON.stringify(p)} names no profile (full or documented)`)
+  }
+  return p
+}
+
 export async function startEmu(options = {}) {
-  const emu = await emulatorLib.startEmulator({ rateLimitPerMinute: null, ...options })
+  const profile = options.profile ?? defaultProfile()
+  const emu = await emulatorLib.startEmulator({
+    rateLimitPerMinute: null,
+    ...options,
+    ...(profile === undefined ? {} : { profile }),
+  })
   const seen = new Set()
   const instances = new Set()
   const startedAt = Date.now()

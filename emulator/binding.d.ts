@@ -22,6 +22,15 @@ export declare class Emulator {
    * that clears its environment and calls `setsid` escapes).
    */
   get tracking(): 'cgroup-v2' | 'cgroup-v1' | 'marker'
+  /**
+   * Whether each command sees its sandbox's workspace on `/workspace` (a private mount
+   * namespace per tree, where the emulator runs as root).
+   */
+  get workspaceMounted(): boolean
+  /** Whether each tree with a cgroup sees its leaf as the root of every cgroup hierarchy. */
+  get cgroupView(): boolean
+  /** The profile it serves: `full` or `documented` (the documented minimum of the API). */
+  get profile(): 'full' | 'documented'
   /** The emulator's own throwaway key. */
   get apiKey(): string
   /** Every request so far, in arrival order. */
@@ -71,6 +80,11 @@ export interface EmulatorRequest {
   httpVersion: string
   /** The TCP connection it came on: 1 for the first accepted, then 2, ... */
   connection: number
+  /**
+   * A creation applied late (fault `applyLate`): when it was applied, ms since the emulator
+   * started; `null` for every other request and while it is still pending.
+   */
+  appliedMs: number | null
 }
 
 /** Every byte a process wrote (recorded apart from the journal). */
@@ -80,4 +94,4 @@ export interface ProcessOutput {
 }
 
 /** Starts the local CreateOS emulator on 127.0.0.1. */
-export declare function startEmulator(options?: { port?: number; apiKey?: string; rateLimitPerMinute?: number | null; rateLimit?: { limit: number; windowMs: number } | null; journalBytes?: number; retainedBytes?: number | null; tls?: boolean; http2?: boolean; rttMs?: number; holdHeaders?: boolean; heartbeatMs?: number; tracking?: 'auto' | 'cgroup-v2' | 'cgroup-v1' | 'marker'; pidsMax?: number | null } | undefined | null): Promise<Emulator>
+export declare function startEmulator(options?: { port?: number; apiKey?: string; rateLimitPerMinute?: number | null; rateLimit?: { limit: number; windowMs: number } | null; journalBytes?: number; retainedBytes?: number | null; tls?: boolean; http2?: boolean; rttMs?: number; holdHeaders?: boolean; heartbeatMs?: number; tracking?: 'auto' | 'cgroup-v2' | 'cgroup-v1' | 'marker'; pidsMax?: number | null; profile?: 'full' | 'documented' | null } | undefined | null): Promise<Emulator>

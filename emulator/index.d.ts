@@ -58,6 +58,16 @@ export interface EmulatorOptions {
    * no bound. Applies where the layout has a `pids` controller.
    */
   pidsMax?: number | null
+  /**
+   * How much beyond the documented API it serves. `full` (default, also for `null`): a paged
+   * process list with `pagination.total`, exit frames with `tree_exited` and `newest_seq`, and
+   * the other extras listed in docs/emulator.md ("Profiles"). `documented`: only what the API
+   * notes document: the process list is `data.processes[]`, whole and unpaged whatever
+   * `limit`/`offset` say, without `pagination`; exit frames carry `exit_code` (and `signal`
+   * when signalled), nothing else. The test helpers default it from
+   * `CREATEOS_EMULATOR_PROFILE`.
+   */
+  profile?: 'full' | 'documented' | null
 }
 
 /** How an emulator finds the processes of a tree (see `Emulator.tracking`). */
@@ -84,6 +94,12 @@ export interface EmulatorRequest {
   httpVersion: string
   /** The TCP connection it came on: 1 for the first connection accepted, then 2, ... */
   connection: number
+  /**
+   * A creation applied late (fault `applyLate`): when it was applied, ms since the emulator
+   * started (also when the client had left by then). `null` for every other request, and
+   * while the creation is still pending.
+   */
+  appliedMs: number | null
 }
 
 /** The emulator's route names, as `EmulatorRequest.route` and `FaultRule.route` spell them. */
@@ -138,6 +154,16 @@ export type FaultAction =
   | { kind: 'pageSize'; limit: number; noTotal?: boolean }
   /** `offset` ignored: every page is the first one again. */
   | { kind: 'ignoreOffset' }
+  // `createProcess`
+  /**
+   * The creation is not applied on arrival: the connection is cut at once without an answer
+   * (with `hold`: the answer is held), and the creation is applied later even if the client
+   * left: with `afterList`, right after the next process-list answer of that sandbox was sent;
+   * with `ms`, that many ms after it arrived (both: whichever comes first; neither: at once
+   * after the cut). With `hold`, the real answer (201) is sent at apply time if the client is
+   * still connected. The request's record gets `appliedMs`.
+   */
+  | { kind: 'applyLate'; afterList?: boolean; ms?: number; hold?: boolean }
 
 /** A fault rule: the first `skip` matches pass, then `times` matches (default: all) get the action. */
 export interface FaultRule {
@@ -147,6 +173,12 @@ export interface FaultRule {
   method?: string
   skip?: number
   times?: number
+  /**
+   * Match only requests naming a process whose exit frame a `connect` stream already sent
+   * (e.g. the record `GET` or the `wait` after a finished stream); earlier requests pass
+   * without counting towards `skip`/`times`.
+   */
+  afterExitFrame?: boolean
   action: FaultAction
 }
 
@@ -164,6 +196,21 @@ export declare class Emulator {
    * process that clears its environment and leaves the process group escapes.
    */
   readonly tracking: EmulatorTracking
+  /**
+   * Every command sees its sandbox's workspace mounted on `/workspace` (a private mount
+   * namespace per tree, where the emulator runs as root), so `cwd: '/workspace'` and paths
+   * under it work as on the real API. `false`: `/workspace` is mapped only in the files API
+   * and a process's `cwd` field (see docs/emulator.md, "Paths").
+   */
+  readonly workspaceMounted: boolean
+  /**
+   * Every tree with a cgroup sees its leaf as the root of each cgroup hierarchy (a cgroup
+   * namespace and bind mounts), so writing its pid to any `cgroup.procs` it can see keeps it
+   * in its leaf. Either way a process that leaves its leaf is moved back and killed with it.
+   */
+  readonly cgroupView: boolean
+  /** The profile it serves (see `EmulatorOptions.profile`). */
+  readonly profile: 'full' | 'documented'
   /** TCP connections accepted so far (including ones whose TLS handshake failed). */
   connections(): number
   requests(): EmulatorRequest[]

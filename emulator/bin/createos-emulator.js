@@ -4,6 +4,7 @@
 // createos-emulator [--port N] [--api-key K] [--rate-limit N|off] [--journal-bytes N]
 //                   [--retained-bytes N|off] [--tls] [--no-http2] [--rtt-ms N]
 //                   [--hold-headers] [--heartbeat-ms N] [--tracking MODE] [--pids-max N|off]
+//                   [--profile full|documented]
 //
 // Runs the local CreateOS emulator until SIGINT/SIGTERM, with one sandbox made at start
 // (its id printed as CREATEOS_SANDBOX_ID). It runs real processes on this machine and
@@ -17,6 +18,7 @@ const { startEmulator } = require('..')  // createos-execute-emulator
 const USAGE = `usage: createos-emulator [--port N] [--api-key K] [--rate-limit N|off] [--journal-bytes N]
                          [--retained-bytes N|off] [--tls] [--no-http2] [--rtt-ms N]
                          [--hold-headers] [--heartbeat-ms N] [--tracking MODE] [--pids-max N|off]
+                         [--profile full|documented]
 
   --port N           TCP port on 127.0.0.1 (default: a free one)
   --api-key K        the key clients must send (default: a random one, printed)
@@ -35,6 +37,9 @@ const USAGE = `usage: createos-emulator [--port N] [--api-key K] [--rate-limit N
                      cgroup-v2, cgroup-v1 or marker
   --pids-max N       processes one tree may hold at once, where cgroups apply (default 512);
                      'off' disables the bound
+  --profile P        full (default: everything the emulator has) or documented (only what
+                     the API documents: an unpaged process list without pagination, exit
+                     frames without newest_seq/tree_exited)
 
 Prints the URL, the key and the id of a sandbox it made at start (more: POST /v1/sandboxes).
 
@@ -116,6 +121,12 @@ function parseArgs(argv) {
         const raw = take()
         opts.pidsMax = raw === 'off' ? null : int(raw, '--pids-max')
         if (opts.pidsMax === 0) throw new Error('--pids-max must be at least 1')
+        break
+      }
+      case '--profile': {
+        const profile = take()
+        if (!['full', 'documented'].includes(profile)) throw new Error('--profile must be full or documented')
+        opts.profile = profile
         break
       }
       default:

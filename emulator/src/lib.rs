@@ -36,6 +36,9 @@ pub struct EmulatorRequest {
     pub http_version: String,
     /// The TCP connection it came on: 1 for the first accepted, then 2, ...
     pub connection: f64,
+    /// A creation applied late (fault `applyLate`): when it was applied, ms since the emulator
+    /// started; `null` for every other request and while it is still pending.
+    pub applied_ms: Option<f64>,
 }
 
 impl From<emulator::RequestRecord> for EmulatorRequest {
@@ -52,6 +55,7 @@ impl From<emulator::RequestRecord> for EmulatorRequest {
             http_version: r.http_version.to_owned(),
             #[allow(clippy::cast_precision_loss)] // connection counts stay far below 2^53
             connection: r.connection as f64,
+            applied_ms: r.applied_ms,
         }
     }
 }
@@ -65,7 +69,7 @@ pub struct ProcessOutput {
 
 /// Starts the local CreateOS emulator on 127.0.0.1.
 #[napi(
-    ts_args_type = "options?: { port?: number; apiKey?: string; rateLimitPerMinute?: number | null; rateLimit?: { limit: number; windowMs: number } | null; journalBytes?: number; retainedBytes?: number | null; tls?: boolean; http2?: boolean; rttMs?: number; holdHeaders?: boolean; heartbeatMs?: number; tracking?: 'auto' | 'cgroup-v2' | 'cgroup-v1' | 'marker'; pidsMax?: number | null } | undefined | null"
+    ts_args_type = "options?: { port?: number; apiKey?: string; rateLimitPerMinute?: number | null; rateLimit?: { limit: number; windowMs: number } | null; journalBytes?: number; retainedBytes?: number | null; tls?: boolean; http2?: boolean; rttMs?: number; holdHeaders?: boolean; heartbeatMs?: number; tracking?: 'auto' | 'cgroup-v2' | 'cgroup-v1' | 'marker'; pidsMax?: number | null; profile?: 'full' | 'documented' | null } | undefined | null"
 )]
 pub async fn start_emulator(options: Option<Value>) -> Result<Emulator> {
     let opts: EmulatorOptions = match options {
@@ -105,6 +109,25 @@ impl Emulator {
     #[napi(getter, ts_return_type = "'cgroup-v2' | 'cgroup-v1' | 'marker'")]
     pub fn tracking(&self) -> String {
         self.inner.tracking().as_str().to_owned()
+    }
+
+    /// Whether each command sees its sandbox's workspace on `/workspace` (a private mount
+    /// namespace per tree, where the emulator runs as root).
+    #[napi(getter)]
+    pub fn workspace_mounted(&self) -> bool {
+        self.inner.workspace_mounted()
+    }
+
+    /// Whether each tree with a cgroup sees its leaf as the root of every cgroup hierarchy.
+    #[napi(getter)]
+    pub fn cgroup_view(&self) -> bool {
+        self.inner.cgroup_view()
+    }
+
+    /// The profile it serves: `full` or `documented` (the documented minimum of the API).
+    #[napi(getter, ts_return_type = "'full' | 'documented'")]
+    pub fn profile(&self) -> String {
+        self.inner.profile().as_str().to_owned()
     }
 
     /// The emulator's own throwaway key.

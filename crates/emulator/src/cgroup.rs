@@ -281,16 +281,39 @@ impl Cgroups {
         }
     }
 
-    /// Remove the leaves whose leader was reaped and which are empty. Returns how many
-    /// reaped leaves still hold processes (the reaper keeps looking while any does).
+    /// Remove the leaves whose leader was reaped and which are empty, after the membership
+    /// check: a live process of the tree outside its leaf (it wrote itself into another
+    /// cgroup; it still names the tree in another hierarchy's path or in its environment) is
+    /// moved back, and the leaf stays. Returns how many reaped leaves still hold processes
+    /// (the reaper keeps looking while any does).
     pub fn sweep(&self) -> usize {
+        let empty: HashMap<String, Arc<Leaf>> = self
+            .leaves
+            .lock()
+            .unwrap()
+            .iter()
+            .filter(|(_, l)| l.reaped.load(Ordering::SeqCst) && l.is_empty())
+            .map(|(m, l)| (m.clone(), l.clone()))
+            .collect();
+        let mut held: Vec<String> = Vec::new();
+        if !empty.is_empty() {
+            // Outside the lock: a scan reads the marks of cgroup members through it.
+            for e in crate::procfs::scan(&|e: &crate::procfs::Entry| {
+                e.mark.as_deref().is_some_and(|m| empty.contains_key(m))
+            }) {
+                if let Some((m, l)) = e.mark.as_deref().and_then(|m| empty.get_key_value(m)) {
+                    l.adopt(e.pid);
+                    held.push(m.clone());
+                }
+            }
+        }
         let mut leaves = self.leaves.lock().unwrap();
         let mut lingering = 0;
-        leaves.retain(|_, l| {
+        leaves.retain(|m, l| {
             if !l.reaped.load(Ordering::SeqCst) {
                 return true;
             }
-            if l.is_empty() && l.remove() {
+            if !held.contains(m) && l.is_empty() && l.remove() {
                 return false;
             }
             lingering += 1;
@@ -373,6 +396,19 @@ impl Leaf {
     pub fn members(&self) -> Option<Vec<i32>> {
         let mut out = Vec::new();
         members_below(&self.dirs[0], 0, &mut out).then_some(out)
+    }
+
+    /// Its directories: v2 `[leaf]`, v1 `[pids leaf, freezer leaf]`.
+    pub fn dirs(&self) -> &[PathBuf] {
+        &self.dirs
+    }
+
+    /// Move `pid` back into the leaf (every hierarchy of it); true when every write took.
+    pub fn adopt(&self, pid: i32) -> bool {
+        let pid = pid.to_string();
+        // Every hierarchy is tried, even after one refused.
+        let done: Vec<bool> = self.dirs.iter().map(|d| write(&d.join("cgroup.procs"), &pid).is_ok()).collect();
+        done.into_iter().all(|ok| ok)
     }
 
     /// Empty for sure (an unreadable leaf is not).

@@ -17,6 +17,11 @@ pub struct FaultRule {
     /// Let the first `skip` matches pass.
     #[serde(default)]
     pub skip: u32,
+    /// Match only requests naming a process whose exit frame a `connect` stream has already
+    /// sent (the record `GET`, `wait`, `DELETE` that follow a finished stream). Requests before
+    /// that pass without counting towards `skip`/`times`. JSON `afterExitFrame`.
+    #[serde(default, alias = "afterExitFrame")]
+    pub after_exit_frame: bool,
     /// Apply to this many matches after `skip`; `None` = forever.
     pub times: Option<u32>,
     pub action: FaultAction,
@@ -116,6 +121,29 @@ pub enum FaultAction {
     },
     /// Ignore `offset`: every page is served from the start (the same page again).
     IgnoreOffset,
+    // ---- creation faults (route `createProcess`) ----
+    /// The creation is not applied when it arrives: the connection is cut at once without an
+    /// answer (or, with `hold`, the answer is held), and the creation is applied later whether
+    /// or not the client is still there: with `after_list`, right after the next process-list
+    /// answer of that sandbox was sent; with `ms`, that many ms after it arrived (both: the
+    /// earlier; neither: at once after the cut). With `hold` the real answer is sent at apply
+    /// time if the client is still connected. The request's record gets `applied_ms`.
+    ApplyLate {
+        #[serde(default, alias = "afterList")]
+        after_list: bool,
+        #[serde(default)]
+        ms: Option<u64>,
+        #[serde(default)]
+        hold: bool,
+    },
+}
+
+/// When and how a late creation is applied (see [`FaultAction::ApplyLate`]).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub(crate) struct ApplyLate {
+    pub after_list: bool,
+    pub ms: Option<u64>,
+    pub hold: bool,
 }
 
 /// The route names a rule may name (see [`super::RequestRecord::route`]).
@@ -158,6 +186,7 @@ impl FaultAction {
             | FastStream { .. } => route == "connect",
             TreeExitedFalse | TreeExitsAfter { .. } => route == "deleteProcess",
             PageSize { .. } | IgnoreOffset => route == "listProcesses",
+            ApplyLate { .. } => route == "createProcess",
         }
     }
 }
@@ -198,9 +227,13 @@ pub(crate) struct Fired {
     pub no_total: bool,
     /// A process list ignores `offset`.
     pub ignore_offset: bool,
+    /// A creation applied late.
+    pub apply_late: Option<ApplyLate>,
 }
 
-pub(crate) fn evaluate(slots: &mut [super::FaultSlot], route: &str, method: &str) -> Fired {
+/// The rules matching one request, in order, with their effects combined. `exit_sent`: the
+/// request names a process whose exit frame was sent (for [`FaultRule::after_exit_frame`]).
+pub(crate) fn evaluate(slots: &mut [super::FaultSlot], route: &str, method: &str, exit_sent: bool) -> Fired {
     let mut fired = Fired::default();
     for slot in slots.iter_mut() {
         let r = &slot.rule;
@@ -214,7 +247,7 @@ pub(crate) fn evaluate(slots: &mut [super::FaultSlot], route: &str, method: &str
                 continue;
             }
         }
-        if !r.action.applies_to(route) {
+        if !r.action.applies_to(route) || (r.after_exit_frame && !exit_sent) {
             continue;
         }
         slot.seen = slot.seen.saturating_add(1);
@@ -253,6 +286,11 @@ pub(crate) fn evaluate(slots: &mut [super::FaultSlot], route: &str, method: &str
                 fired.no_total |= *no_total;
             }
             IgnoreOffset => fired.ignore_offset = true,
+            ApplyLate { after_list, ms, hold } => {
+                if fired.apply_late.is_none() {
+                    fired.apply_late = Some(self::ApplyLate { after_list: *after_list, ms: *ms, hold: *hold });
+                }
+            }
         }
     }
     fired
@@ -279,8 +317,31 @@ mod tests {
         let r2 = FaultRule::from_json(r#"{"route":"listProcesses","action":{"kind":"ignoreOffset"}}"#).unwrap();
         let mut slots =
             vec![super::super::FaultSlot { rule: r, seen: 0 }, super::super::FaultSlot { rule: r2, seen: 0 }];
-        let fired = evaluate(&mut slots, "listProcesses", "GET");
+        let fired = evaluate(&mut slots, "listProcesses", "GET", false);
         assert_eq!((fired.page_size, fired.no_total, fired.ignore_offset), (Some(2), true, true));
-        assert!(!evaluate(&mut slots, "connect", "GET").ignore_offset);
+        assert!(!evaluate(&mut slots, "connect", "GET", false).ignore_offset);
+    }
+
+    #[test]
+    fn apply_late_and_after_exit_frame_parse_and_match() {
+        let r = FaultRule::from_json(r#"{"route":"createProcess","action":{"kind":"applyLate","afterList":true}}"#)
+            .unwrap();
+        assert!(matches!(r.action, FaultAction::ApplyLate { after_list: true, ms: None, hold: false }));
+        let r2 =
+            FaultRule::from_json(r#"{"route":"createProcess","action":{"kind":"applyLate","ms":2500,"hold":true}}"#)
+                .unwrap();
+        let mut slots =
+            vec![super::super::FaultSlot { rule: r2, seen: 0 }, super::super::FaultSlot { rule: r, seen: 0 }];
+        let fired = evaluate(&mut slots, "createProcess", "POST", false);
+        assert_eq!(fired.apply_late, Some(ApplyLate { after_list: false, ms: Some(2500), hold: true }), "first wins");
+        assert!(evaluate(&mut slots, "listProcesses", "GET", false).apply_late.is_none());
+        let after = FaultRule::from_json(
+            r#"{"route":"getProcess","afterExitFrame":true,"times":1,"action":{"kind":"status","status":502}}"#,
+        )
+        .unwrap();
+        let mut slots = vec![super::super::FaultSlot { rule: after, seen: 0 }];
+        assert!(evaluate(&mut slots, "getProcess", "GET", false).response.is_none(), "before the exit frame");
+        assert!(evaluate(&mut slots, "getProcess", "GET", true).response.is_some(), "the first one after it");
+        assert!(evaluate(&mut slots, "getProcess", "GET", true).response.is_none(), "times: 1");
     }
 }

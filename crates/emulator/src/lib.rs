@@ -20,6 +20,11 @@
 //! * Absolute paths are **host** paths (identity mapping). The one rewrite: a path equal to
 //!   `/workspace` or starting with `/workspace/` is mapped onto the sandbox's workspace dir, both
 //!   in the files API and in a process `cwd`. A relative `cwd` is resolved against the workspace.
+//! * Where the emulator runs as root ([`Emulator::workspace_mounted`]), every tree also runs in a
+//!   private mount namespace with its sandbox's workspace bind-mounted on `/workspace`, so
+//!   `cd /workspace` and paths under it work in the command itself, as on the real API (the
+//!   emulator creates the empty mount point `/workspace` on the host when it is missing; the
+//!   host's own `/workspace` is never written). Elsewhere only the rewrite above applies.
 //! * The files API (`PUT`/`GET /v1/sandboxes/{id}/files?path=`) only accepts paths under `/tmp/`
 //!   or under that sandbox's workspace (after the rewrite). Paths must be absolute, must not
 //!   contain `..` components and must not contain NUL; otherwise the answer is 400. A `PUT`
@@ -37,7 +42,14 @@
 //! enabled there, else the v1 `pids` and `freezer` hierarchies, else v2 without a `pids` bound.
 //! The child writes itself into the leaf after the fork and before it executes the command, so
 //! every process the command ever starts is a member, whatever it does to its environment,
-//! session or parent; only one that writes itself into another cgroup leaves. The tree is the
+//! session or parent. Where the emulator runs as root ([`Emulator::cgroup_view`]) the child
+//! then enters a cgroup namespace rooted at its leaf and a mount namespace in which each cgroup
+//! hierarchy's mount point shows its own cgroup, so every `cgroup.procs` it can see is inside
+//! its leaf. A process that still writes itself into another cgroup (through a path of the
+//! host's) is found by the membership check whenever its leaf looks empty: a live process that
+//! names the tree (in another hierarchy's cgroup path, its environment marker, or its process
+//! group) but is not in the leaf is moved back into it, so the tree is not exited and is killed
+//! whole. The tree is the
 //! leaf's members; it has exited once the leader was reaped and the leaf lists no process (an
 //! empty cgroup stays empty). Killing it (DELETE, a sandbox DELETE, an exec's timeout, `close`)
 //! freezes the leaf, signals every member, thaws it (the order systemd uses: nothing forks past
@@ -111,6 +123,7 @@ compile_error!(
 
 mod cgroup;
 mod faults;
+mod isolate;
 mod model;
 mod net;
 mod procfs;
@@ -203,6 +216,53 @@ impl TrackingMode {
     }
 }
 
+/// [`EmulatorOptions::profile`]: how much beyond the documented API the emulator serves.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub enum Profile {
+    /// Everything the emulator has: a paged process list with `pagination { total, … }`, exit
+    /// frames with `tree_exited` and `newest_seq`, exec answers with the result fields also at
+    /// the top of `data`, file uploads answered `{path, bytes}`.
+    #[default]
+    #[serde(rename = "full")]
+    Full,
+    /// Only what the API notes document (see docs/emulator.md, "Profiles"): the process list is
+    /// `data.processes[]`, whole and unpaged whatever `limit`/`offset` say, with no
+    /// `pagination`; exit frames carry `exit_code` and, when signalled, `signal`, nothing else;
+    /// a buffered exec answers `data.result` and `data.exec_ms` only; an upload answers `{}`.
+    #[serde(rename = "documented")]
+    Documented,
+}
+
+impl Profile {
+    /// `"full"` or `"documented"`.
+    #[must_use]
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Profile::Full => "full",
+            Profile::Documented => "documented",
+        }
+    }
+
+    /// The profile named by `CREATEOS_EMULATOR_PROFILE` (`full` or `documented`); `None` when
+    /// it is unset or empty.
+    ///
+    /// # Panics
+    /// When it names no profile (a misspelt name must not silently run the full profile).
+    #[must_use]
+    pub fn from_env() -> Option<Profile> {
+        match std::env::var(PROFILE_ENV).ok().as_deref() {
+            None | Some("") => None,
+            Some("full") => Some(Profile::Full),
+            Some("documented") => Some(Profile::Documented),
+            Some(other) => panic!("{PROFILE_ENV}={other:?} names no profile (full or documented)"),
+        }
+    }
+}
+
+/// The environment variable the test support reads for the profile of the emulators it starts
+/// when a test asks for none ([`Profile::from_env`]).
+pub const PROFILE_ENV: &str = "CREATEOS_EMULATOR_PROFILE";
+
 /// What [`Emulator::process_output`] recorded: (stdout, stderr).
 pub type Captured = (Vec<u8>, Vec<u8>);
 
@@ -280,6 +340,10 @@ pub struct EmulatorOptions {
     /// beyond it fails with `EAGAIN`. Default `Some(`[`DEFAULT_PIDS_MAX`]`)`; `None` = no
     /// bound; at least 1.
     pub pids_max: Option<u32>,
+    /// How much beyond the documented API is served ([`Profile`]). `None` = [`Profile::Full`];
+    /// the test support fills a `None` from `CREATEOS_EMULATOR_PROFILE`
+    /// ([`Profile::from_env`]), so `Some` is a test asking for a profile explicitly.
+    pub profile: Option<Profile>,
 }
 
 impl Default for EmulatorOptions {
@@ -299,6 +363,7 @@ impl Default for EmulatorOptions {
             heartbeat_ms: 5_000,
             tracking: TrackingMode::Auto,
             pids_max: Some(DEFAULT_PIDS_MAX),
+            profile: None,
         }
     }
 }
@@ -336,6 +401,10 @@ pub struct RequestRecord {
     pub http_version: &'static str,
     /// The TCP connection it came on: 1 for the first connection accepted, then 2, ...
     pub connection: u64,
+    /// A creation applied late ([`FaultAction::ApplyLate`]): when it was applied, ms since the
+    /// emulator started (also when the client had left by then); `None` for every other
+    /// request, and while a late creation is still pending.
+    pub applied_ms: Option<f64>,
 }
 
 pub(crate) struct FaultSlot {
@@ -343,8 +412,18 @@ pub(crate) struct FaultSlot {
     pub seen: u32,
 }
 
+/// A creation held by [`FaultAction::ApplyLate`] `after_list`, until the next list answer of
+/// its sandbox was sent.
+pub(crate) struct LateCreation {
+    pub sandbox: String,
+    pub fire: tokio::sync::oneshot::Sender<()>,
+}
+
 pub(crate) struct Inner {
     pub instance: String,
+    pub profile: Profile,
+    /// Creations waiting for a list answer of their sandbox ([`FaultAction::ApplyLate`]).
+    pub late: Mutex<Vec<LateCreation>>,
     /// One leaf cgroup per tree, when trees are tracked by cgroup.
     pub cgroups: Option<Arc<cgroup::Cgroups>>,
     pub api_key: String,
@@ -479,6 +558,8 @@ pub async fn start(opts: EmulatorOptions) -> std::io::Result<Emulator> {
         })?,
         None => None,
     };
+    // Probed once per OS process (a child tries each step), before the first tree needs it.
+    let _ = isolate::get();
     let tls = if opts.tls { Some(tls::make(&instance, opts.http2)?) } else { None };
     let listener = tokio::net::TcpListener::bind(("127.0.0.1", opts.port)).await?;
     let addr = listener.local_addr()?;
@@ -497,6 +578,8 @@ pub async fn start(opts: EmulatorOptions) -> std::io::Result<Emulator> {
     let api_key = opts.api_key.clone().unwrap_or_else(|| format!("emu_{}", uuid::Uuid::new_v4().simple()));
     let inner = Arc::new(Inner {
         instance,
+        profile: opts.profile.unwrap_or_default(),
+        late: Mutex::new(Vec::new()),
         cgroups,
         api_key,
         root,
@@ -556,6 +639,24 @@ impl Emulator {
 
     pub fn api_key(&self) -> String {
         self.inner.api_key.clone()
+    }
+
+    /// Whether every tree sees its sandbox's workspace mounted on `/workspace` (a private mount
+    /// namespace per tree, where the emulator runs as root); else `/workspace` is mapped only
+    /// in the files API and the `cwd` field (see "Sandbox filesystem mapping").
+    pub fn workspace_mounted(&self) -> bool {
+        isolate::get().workspace
+    }
+
+    /// Whether every tree with a cgroup sees its leaf as the root of each cgroup hierarchy (a
+    /// cgroup namespace and fresh cgroup mounts), so no `cgroup.procs` it can see leads out.
+    pub fn cgroup_view(&self) -> bool {
+        self.inner.cgroups.is_some() && isolate::get().cgroup_view
+    }
+
+    /// The profile it serves ([`EmulatorOptions::profile`]).
+    pub fn profile(&self) -> Profile {
+        self.inner.profile
     }
 
     /// How this emulator finds the processes of a tree.

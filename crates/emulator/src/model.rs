@@ -15,6 +15,7 @@ use tokio::process::{Child, ChildStdin, Command};
 use tokio::sync::watch;
 
 use super::cgroup::{self, Leaf};
+use super::isolate;
 use super::procfs::{self, Entry, Filter, MARK_VAR};
 use super::Inner;
 
@@ -205,6 +206,9 @@ pub(crate) struct Proc {
     pub key: u64,
     /// One of `KEPT_*`; changed only under the [`Inner::retention`] lock.
     pub kept: AtomicU8,
+    /// A `connect` stream has sent this process's exit frame (for
+    /// [`crate::FaultRule::after_exit_frame`]).
+    pub exit_sent: AtomicBool,
 }
 
 /// Running, or exited and not yet handed to the retention budget.
@@ -434,6 +438,16 @@ pub(crate) fn spawn_marked(
         }
         None => Vec::new(),
     };
+    // After the leaf: a private view (`/workspace`, the leaf as the cgroup root) where the
+    // host allows it (see `crate::isolate`).
+    let leaf_dirs = cg.and_then(|cg| cg.leaf(&marker)).map(|l| l.dirs().to_vec());
+    let plan = isolate::get().plan(Some(&sb.workspace), leaf_dirs.as_deref());
+    if !plan.is_empty() {
+        // SAFETY: the closure only makes system calls on memory allocated before the fork.
+        unsafe {
+            cmd.pre_exec(move || plan.apply());
+        }
+    }
     let child = match cmd.spawn() {
         Ok(c) => c,
         Err(e) => {
@@ -509,6 +523,7 @@ pub(crate) fn start_process(
         capture: Mutex::new([Vec::new(), Vec::new()]),
         key: inner.next_key.fetch_add(1, Ordering::Relaxed),
         kept: AtomicU8::new(KEPT_LIVE),
+        exit_sent: AtomicBool::new(false),
     });
     sb.procs.lock().unwrap().push(proc.clone());
     if let Some(out) = child.stdout.take() {
@@ -615,8 +630,9 @@ async fn wait_leader(inner: Arc<Inner>, proc: Arc<Proc>, mut child: Child) {
     // reaper does) rather than waiting for the reaper's next round.
     if !proc.st.lock().unwrap().tree_exited_real {
         let gone = match &proc.leaf {
-            // An empty cgroup stays empty: nothing of the tree is left to fork into it.
-            Some(leaf) => leaf.is_empty(),
+            // An empty cgroup stays empty: nothing of the tree is left to fork into it, unless
+            // a member left it (then it is moved back and the tree is not gone).
+            Some(leaf) => leaf.is_empty() && !recapture(&inner, &proc).await,
             None => {
                 let marker = proc.marker.clone();
                 let pgid = proc.pid;
@@ -665,10 +681,9 @@ pub(crate) async fn reaper(inner: Arc<Inner>) {
         }
         for p in pending.iter().filter(|p| p.leaf.is_some()) {
             let empty = p.leaf.as_ref().is_some_and(|l| l.is_empty());
-            let mut st = p.st.lock().unwrap();
-            if st.leader_exited && empty {
-                st.tree_exited_real = true;
-                drop(st);
+            let leader_exited = p.st.lock().unwrap().leader_exited;
+            if leader_exited && empty && !recapture(&inner, p).await {
+                p.st.lock().unwrap().tree_exited_real = true;
                 p.bump();
             }
         }
@@ -724,18 +739,36 @@ pub(crate) async fn reaper(inner: Arc<Inner>) {
     }
 }
 
-/// Whether anything of the tree is alive: its cgroup's members, else a /proc scan.
-async fn tree_alive(p: &Arc<Proc>, filter: &Filter) -> bool {
+/// The membership check of a tree with a cgroup, made whenever its leaf looks empty: a live
+/// process that carries the tree's marker or is in its process group but is not in the leaf
+/// left it (by writing itself into another cgroup); it is moved back into the leaf, so it is
+/// seen alive and killed with the tree. True when one was found.
+async fn recapture(inner: &Inner, p: &Arc<Proc>) -> bool {
+    let Some(leaf) = p.leaf.clone() else { return false };
+    // A member's `mark` names its leaf; a stray's (outside every leaf of ours) comes from its
+    // initial environment.
+    let found = procfs::scan_async(p.filter(inner)).await;
+    let members = leaf.members().unwrap_or_default();
+    let strays: Vec<i32> = found.iter().map(|e| e.pid).filter(|pid| !members.contains(pid)).collect();
+    for pid in &strays {
+        leaf.adopt(*pid);
+    }
+    !strays.is_empty()
+}
+
+/// Whether anything of the tree is alive: its cgroup's members (and whatever left it), else a
+/// /proc scan.
+async fn tree_alive(inner: &Inner, p: &Arc<Proc>, filter: &Filter) -> bool {
     match &p.leaf {
-        Some(leaf) => !leaf.is_empty(),
+        Some(leaf) => !leaf.is_empty() || recapture(inner, p).await,
         None => !procfs::scan_async(filter.clone()).await.is_empty(),
     }
 }
 
 /// Wait until the leader exited and the tree is gone, looking every 10 ms.
-async fn wait_tree_gone(p: &Arc<Proc>, filter: &Filter, deadline: Instant) -> bool {
+async fn wait_tree_gone(inner: &Inner, p: &Arc<Proc>, filter: &Filter, deadline: Instant) -> bool {
     loop {
-        let alive = tree_alive(p, filter).await;
+        let alive = tree_alive(inner, p, filter).await;
         let leader = p.st.lock().unwrap().leader_exited;
         if !alive && leader {
             return true;
@@ -763,12 +796,12 @@ async fn signal_tree(p: &Arc<Proc>, filter: &Filter, sig: Signal) {
 }
 
 /// SIGKILL the tree until it is gone or the deadline passes.
-async fn kill_tree(p: &Arc<Proc>, filter: &Filter, deadline: Instant) {
+async fn kill_tree(inner: &Inner, p: &Arc<Proc>, filter: &Filter, deadline: Instant) {
     if p.leaf.is_none() {
         procfs::kill_until_gone(filter.clone(), deadline).await;
         return;
     }
-    while tree_alive(p, filter).await && Instant::now() < deadline {
+    while tree_alive(inner, p, filter).await && Instant::now() < deadline {
         signal_tree(p, filter, Signal::SIGKILL).await;
         tokio::time::sleep(Duration::from_millis(5)).await;
     }
@@ -789,11 +822,11 @@ pub(crate) async fn terminate(inner: &Inner, p: &Arc<Proc>, grace: Duration) -> 
     if !p.st.lock().unwrap().leader_exited {
         let _ = nix::sys::signal::killpg(nix::unistd::Pid::from_raw(p.pid), Signal::SIGTERM);
     }
-    let mut gone = wait_tree_gone(p, &filter, Instant::now() + grace).await;
+    let mut gone = wait_tree_gone(inner, p, &filter, Instant::now() + grace).await;
     if !gone {
         let deadline = Instant::now() + Duration::from_secs(2);
-        kill_tree(p, &filter, deadline).await;
-        gone = wait_tree_gone(p, &filter, deadline).await;
+        kill_tree(inner, p, &filter, deadline).await;
+        gone = wait_tree_gone(inner, p, &filter, deadline).await;
     }
     {
         let mut st = p.st.lock().unwrap();
@@ -809,8 +842,8 @@ pub(crate) async fn terminate(inner: &Inner, p: &Arc<Proc>, grace: Duration) -> 
 /// SIGKILL a tree at once and wait (bounded 2 s) for it to vanish.
 pub(crate) async fn kill_now(inner: &Inner, p: &Arc<Proc>) -> bool {
     let filter = p.filter(inner);
-    kill_tree(p, &filter, Instant::now() + Duration::from_secs(2)).await;
-    let gone = wait_tree_gone(p, &filter, Instant::now() + Duration::from_secs(2)).await;
+    kill_tree(inner, p, &filter, Instant::now() + Duration::from_secs(2)).await;
+    let gone = wait_tree_gone(inner, p, &filter, Instant::now() + Duration::from_secs(2)).await;
     if gone {
         p.st.lock().unwrap().tree_exited_real = true;
     }

@@ -24,7 +24,7 @@ use super::faults::{self, FaultAction, Fired};
 use super::model::{self, Proc, Sandbox};
 use super::net::{self, ConnHandle, NetConfig};
 use super::streams::{self, ExecReq, Out};
-use super::{procfs, Inner, RequestRecord};
+use super::{procfs, Inner, Profile, RequestRecord};
 
 const MAX_BODY: usize = 1 << 30;
 const EXEC_TIMEOUT: Duration = Duration::from_secs(60);
@@ -209,6 +209,7 @@ async fn dispatch(
         duration_ms: 0.0,
         http_version: version_name(parts.version),
         connection: conn.id,
+        applied_ms: None,
     };
     // The head is checked as it arrives (key, rate limit); the request enters the log once
     // it has arrived in full, so the log is in the order the server received requests.
@@ -218,7 +219,7 @@ async fn dispatch(
         None => match axum::body::to_bytes(body, MAX_BODY).await {
             Ok(body) => {
                 let slot = push_record(&inner, record(rm.name, Some(inner.now_ms())));
-                (slot, front(&inner, &parts, body, &mut rm).await)
+                (slot, front(&inner, &parts, body, &mut rm, slot).await)
             }
             // The body never arrived in full (the client gave up on it, or it is too large):
             // logged with `received_ms: None`, nothing handled.
@@ -262,12 +263,146 @@ fn head_check(inner: &Inner, parts: &axum::http::request::Parts) -> Option<Respo
     None
 }
 
+/// Note when a late creation was applied in its request's record (if the log was not cleared
+/// since).
+fn note_applied(inner: &Inner, slot: (u64, usize), at_ms: f64) {
+    let mut g = inner.requests.lock().unwrap();
+    if g.0 == slot.0 {
+        if let Some(r) = g.1.get_mut(slot.1) {
+            r.applied_ms = Some(at_ms);
+        }
+    }
+}
+
+/// [`FaultAction::ApplyLate`]: the creation is applied by a task of its own, at the moment the
+/// rule names, whether or not the client is still there. `Some` only with `hold`, once applied
+/// and if this request's future was not dropped meanwhile (the client left).
+async fn apply_late(
+    inner: &Arc<Inner>,
+    late: faults::ApplyLate,
+    sandbox: Option<String>,
+    body: Bytes,
+    slot: (u64, usize),
+) -> Option<Response> {
+    let list_rx = match (&sandbox, late.after_list) {
+        (Some(sb), true) => {
+            let (fire, rx) = tokio::sync::oneshot::channel();
+            inner.late.lock().unwrap().push(crate::LateCreation { sandbox: sb.clone(), fire });
+            Some(rx)
+        }
+        _ => None,
+    };
+    let (answer_tx, answer_rx) = tokio::sync::oneshot::channel::<Response>();
+    let inner2 = inner.clone();
+    tokio::spawn(async move {
+        let list = async {
+            match list_rx {
+                // A list answer that was dropped unsent fires too (the sender goes away).
+                Some(rx) => {
+                    let _ = rx.await;
+                }
+                None => std::future::pending().await,
+            }
+        };
+        let timer = async {
+            match late.ms {
+                Some(ms) => tokio::time::sleep(Duration::from_millis(ms)).await,
+                None => std::future::pending().await,
+            }
+        };
+        if late.after_list || late.ms.is_some() {
+            tokio::select! {
+                () = list => {}
+                () = timer => {}
+                () = inner2.shutdown.cancelled() => return,
+            }
+        }
+        // Logged first: whoever sees the process (a list) sees the record say it was applied.
+        note_applied(&inner2, slot, inner2.now_ms());
+        let resp = match sandbox.as_deref().and_then(|id| inner2.sandbox(id)) {
+            Some(sb) => create_process(&inner2, &sb, body),
+            None => not_found_sandbox(),
+        };
+        let _ = answer_tx.send(resp);
+    });
+    if !late.hold {
+        return None;
+    }
+    answer_rx.await.ok()
+}
+
+/// A list answer's body that, once it was sent (or dropped unsent), fires the creations that
+/// waited for it ([`FaultAction::ApplyLate`] `after_list`).
+struct FireAfterBody {
+    data: Option<Bytes>,
+    fire: Vec<tokio::sync::oneshot::Sender<()>>,
+}
+
+impl FireAfterBody {
+    fn fire(&mut self) {
+        for f in self.fire.drain(..) {
+            let _ = f.send(());
+        }
+    }
+}
+
+impl http_body::Body for FireAfterBody {
+    type Data = Bytes;
+    type Error = std::convert::Infallible;
+
+    fn poll_frame(
+        mut self: std::pin::Pin<&mut Self>,
+        _cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Option<Result<http_body::Frame<Bytes>, Self::Error>>> {
+        match self.data.take() {
+            Some(d) => std::task::Poll::Ready(Some(Ok(http_body::Frame::data(d)))),
+            None => {
+                self.fire();
+                std::task::Poll::Ready(None)
+            }
+        }
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.data.is_none()
+    }
+
+    fn size_hint(&self) -> http_body::SizeHint {
+        http_body::SizeHint::with_exact(self.data.as_ref().map_or(0, |d| d.len() as u64))
+    }
+}
+
+impl Drop for FireAfterBody {
+    fn drop(&mut self) {
+        self.fire();
+    }
+}
+
+/// Hand the creations waiting for a list answer of this sandbox to the answer's body.
+async fn fire_after_list(inner: &Inner, sandbox: Option<&str>, resp: Response) -> Response {
+    let Some(sandbox) = sandbox else { return resp };
+    let fire: Vec<_> = {
+        let mut late = inner.late.lock().unwrap();
+        let (mine, rest): (Vec<_>, Vec<_>) = late.drain(..).partition(|l| l.sandbox == sandbox);
+        *late = rest;
+        mine.into_iter().map(|l| l.fire).collect()
+    };
+    if fire.is_empty() {
+        return resp;
+    }
+    let (parts, body) = resp.into_parts();
+    // A list answer is a small JSON document made in memory.
+    let data = axum::body::to_bytes(body, usize::MAX).await.unwrap_or_default();
+    Response::from_parts(parts, Body::new(FireAfterBody { data: Some(data), fire }))
+}
+
 /// `None` = drop the connection without a response.
 async fn front(
     inner: &Arc<Inner>,
     parts: &axum::http::request::Parts,
     body: Bytes,
     rm: &mut RouteMatch,
+    slot: (u64, usize),
 ) -> Option<Response> {
     let query = query_map(&parts.uri);
     if rm.name == "exec" {
@@ -279,9 +414,15 @@ async fn front(
             rm.name = "execStream";
         }
     }
+    let exit_sent = match (&rm.sandbox, &rm.process) {
+        (Some(sb), Some(p)) => {
+            inner.sandbox(sb).and_then(|sb| sb.process(p)).is_some_and(|p| p.exit_sent.load(Ordering::SeqCst))
+        }
+        _ => false,
+    };
     let fired = {
         let mut slots = inner.faults.lock().unwrap();
-        faults::evaluate(&mut slots, rm.name, parts.method.as_str())
+        faults::evaluate(&mut slots, rm.name, parts.method.as_str(), exit_sent)
     };
     if fired.delay_ms > 0 {
         tokio::time::sleep(Duration::from_millis(fired.delay_ms)).await;
@@ -300,6 +441,9 @@ async fn front(
         }
         _ => {}
     }
+    if let Some(late) = fired.apply_late {
+        return apply_late(inner, late, rm.sandbox.clone(), body, slot).await;
+    }
     let resp = handle(inner, rm, &query, body, &fired).await;
     match &fired.response {
         Some(FaultAction::Status { status, after_handler: true, retry_after }) => {
@@ -309,6 +453,9 @@ async fn front(
         Some(FaultAction::DropConnection { after_handler: true }) => {
             drop(resp);
             None
+        }
+        _ if rm.name == "listProcesses" && resp.status().is_success() => {
+            Some(fire_after_list(inner, rm.sandbox.as_deref(), resp).await)
         }
         _ => Some(resp),
     }
@@ -409,10 +556,11 @@ async fn handle(
     match rm.name {
         "getSandbox" => ok(StatusCode::OK, json!({"id":sb.id,"status":"running","shape":sb.shape})),
         "deleteSandbox" => delete_sandbox(inner, sb).await,
-        "putFile" => put_file(&sb, query, body).await,
+        "putFile" => put_file(&sb, query, body, inner.profile).await,
         "getFile" => get_file(&sb, query).await,
         "exec" | "execStream" => exec(inner, &sb, query, body, rm.name == "execStream", fired).await,
         "createProcess" => create_process(inner, &sb, body),
+        "listProcesses" if inner.profile == Profile::Documented => list_all_processes(&sb, fired),
         "listProcesses" => list_processes(&sb, query, fired),
         _ => {
             let Some(p) = rm.process.as_deref().and_then(|id| sb.process(id)) else {
@@ -456,6 +604,15 @@ fn list_processes(sb: &Sandbox, query: &HashMap<String, String>, fired: &Fired) 
     ok(StatusCode::OK, json!({"processes": page, "pagination": pagination}))
 }
 
+/// The documented profile's list: `data.processes[]`, every retained process, oldest first,
+/// whatever `limit`/`offset` say, with no `pagination` (the API notes document none). A
+/// `pageSize` fault cuts it to its first `limit` processes (a server that caps silently).
+fn list_all_processes(sb: &Sandbox, fired: &Fired) -> Response {
+    let cap = fired.page_size.unwrap_or(usize::MAX);
+    let page: Vec<Value> = sb.procs.lock().unwrap().iter().take(cap).map(|p| p.to_json()).collect();
+    ok(StatusCode::OK, json!({ "processes": page }))
+}
+
 async fn delete_sandbox(inner: &Arc<Inner>, sb: Arc<Sandbox>) -> Response {
     inner.sandboxes.lock().unwrap().remove(&sb.id);
     procfs::kill_until_gone(sb.filter(inner), Instant::now() + Duration::from_secs(5)).await;
@@ -488,7 +645,7 @@ async fn delete_sandbox(inner: &Arc<Inner>, sb: Arc<Sandbox>) -> Response {
     ok(StatusCode::OK, json!({"id":sb.id,"status":"destroyed"}))
 }
 
-async fn put_file(sb: &Sandbox, query: &HashMap<String, String>, body: Bytes) -> Response {
+async fn put_file(sb: &Sandbox, query: &HashMap<String, String>, body: Bytes, profile: Profile) -> Response {
     let Some(p) = query.get("path") else {
         return fail(StatusCode::BAD_REQUEST, json!({"path":"required"}));
     };
@@ -505,6 +662,8 @@ async fn put_file(sb: &Sandbox, query: &HashMap<String, String>, body: Bytes) ->
     }
     let n = body.len();
     match tokio::fs::write(&host, &body).await {
+        // The shape of an upload's `data` is not documented: the documented profile sends none.
+        Ok(()) if profile == Profile::Documented => ok(StatusCode::OK, json!({})),
         Ok(()) => ok(StatusCode::OK, json!({"path": p, "bytes": n})),
         Err(e) => fail(StatusCode::BAD_REQUEST, json!({"path": format!("cannot write: {e}")})),
     }
@@ -590,7 +749,9 @@ async fn exec(
     if let Some(err) = &err {
         result["error"] = json!(err);
     }
-    let mut data = result.clone();
+    // Documented: `data.result` and `data.exec_ms`; the full profile also copies the result's
+    // fields to the top of `data`.
+    let mut data = if inner.profile == Profile::Documented { json!({}) } else { result.clone() };
     data["result"] = result;
     data["exec_ms"] = json!(exec_ms);
     ok(StatusCode::OK, data)

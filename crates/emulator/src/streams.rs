@@ -22,7 +22,7 @@ use tokio::sync::mpsc;
 use super::faults::StreamFaults;
 use super::model::{self, Proc, Read, Sandbox, SpawnSpec};
 use super::procfs;
-use super::Inner;
+use super::{Inner, Profile};
 
 /// Raw bytes copied out of the journal per batch.
 const BATCH_BYTES: usize = 256 * 1024;
@@ -122,21 +122,30 @@ fn data_line(seq: i64, stream: u8, b64: &str) -> String {
 
 const HEARTBEAT_LINE: &[u8] = br#"{"type":"heartbeat"}"#;
 
-fn exit_line(p: &Proc) -> String {
+fn exit_line(p: &Proc, profile: Profile) -> String {
     let newest = p.journal.lock().unwrap().newest_seq();
     let st = p.st.lock().unwrap();
-    exit_json(st.exit_code, st.signal.as_deref(), st.tree_exited(), newest.max(st.fake_newest))
+    exit_json(profile, st.exit_code, st.signal.as_deref(), st.tree_exited(), newest.max(st.fake_newest))
 }
 
-/// Exit frame with `type` first (serde_json maps would sort the keys). Besides the documented
-/// `exit_code`/`signal` it carries `tree_exited` and `newest_seq` (the last data seq): fields a
-/// client may use when present and must ask for (GET the process) when absent.
-fn exit_json(code: Option<i32>, signal: Option<&str>, tree_exited: bool, newest_seq: u64) -> String {
-    format!(
-        r#"{{"type":"exit","exit_code":{},"signal":{},"tree_exited":{tree_exited},"newest_seq":{newest_seq}}}"#,
-        code.map(|c| c.to_string()).unwrap_or_else(|| "null".into()),
-        signal.map(|s| json!(s).to_string()).unwrap_or_else(|| "null".into()),
-    )
+/// Exit frame with `type` first (serde_json maps would sort the keys). In the full profile it
+/// carries, besides the documented `exit_code`/`signal`, `tree_exited` and `newest_seq` (the
+/// last data seq): fields a client may use when present and must ask for (GET the process)
+/// when absent. The documented profile sends `exit_code` and, only when the process was
+/// killed by a signal, `signal`.
+fn exit_json(profile: Profile, code: Option<i32>, signal: Option<&str>, tree_exited: bool, newest_seq: u64) -> String {
+    let code = code.map(|c| c.to_string()).unwrap_or_else(|| "null".into());
+    let signal_json = signal.map(|s| json!(s).to_string());
+    match profile {
+        Profile::Full => format!(
+            r#"{{"type":"exit","exit_code":{code},"signal":{},"tree_exited":{tree_exited},"newest_seq":{newest_seq}}}"#,
+            signal_json.unwrap_or_else(|| "null".into()),
+        ),
+        Profile::Documented => match signal_json {
+            Some(s) => format!(r#"{{"type":"exit","exit_code":{code},"signal":{s}}}"#),
+            None => format!(r#"{{"type":"exit","exit_code":{code}}}"#),
+        },
+    }
 }
 
 /// The connect stream of a managed process.
@@ -169,7 +178,7 @@ pub(crate) async fn connect_task(inner: Arc<Inner>, proc: Arc<Proc>, after: u64,
         }
     }
     if let Some((mib, frame_bytes)) = f.fast {
-        fast_stream(&proc, after, mib, frame_bytes, &mut out).await;
+        fast_stream(&proc, inner.profile, after, mib, frame_bytes, &mut out).await;
         return;
     }
 
@@ -236,7 +245,9 @@ pub(crate) async fn connect_task(inner: Arc<Inner>, proc: Arc<Proc>, after: u64,
             Read::Frames(_) => {}
         }
         if exit_ready {
-            let _ = out.line(exit_line(&proc).as_bytes()).await;
+            if out.line(exit_line(&proc, inner.profile).as_bytes()).await {
+                proc.exit_sent.store(true, std::sync::atomic::Ordering::SeqCst);
+            }
             return;
         }
         let hb_at = tokio::time::Instant::from_std(out.last_write + inner.heartbeat);
@@ -251,7 +262,7 @@ pub(crate) async fn connect_task(inner: Arc<Inner>, proc: Arc<Proc>, after: u64,
     }
 }
 
-async fn fast_stream(proc: &Arc<Proc>, after: u64, mib: u64, frame_bytes: usize, out: &mut Out) {
+async fn fast_stream(proc: &Arc<Proc>, profile: Profile, after: u64, mib: u64, frame_bytes: usize, out: &mut Out) {
     let total = mib.saturating_mul(1024 * 1024);
     let n = total.div_ceil(frame_bytes as u64);
     {
@@ -279,7 +290,9 @@ async fn fast_stream(proc: &Arc<Proc>, after: u64, mib: u64, frame_bytes: usize,
         }
     }
     let tree = proc.st.lock().unwrap().tree_exited();
-    let _ = out.line(exit_json(Some(0), None, tree, n).as_bytes()).await;
+    if out.line(exit_json(profile, Some(0), None, tree, n).as_bytes()).await {
+        proc.exit_sent.store(true, std::sync::atomic::Ordering::SeqCst);
+    }
 }
 
 /// Length of an incomplete UTF-8 sequence at the end of `b` (0 when none).

@@ -132,11 +132,12 @@ fn fault_rules_parse_and_count() {
     FaultRule::from_json(r#"{"action":{"kind":"treeExitedFalse"}}"#).unwrap();
     FaultRule::from_json(r#"{"action":{"kind":"malformedLine","afterFrames":2}}"#).unwrap();
     let mut slots = vec![FaultSlot { rule: r, seen: 0 }, FaultSlot { rule: r2, seen: 0 }];
-    let fired: Vec<bool> = (0..3).map(|_| evaluate(&mut slots, "createProcess", "POST").response.is_some()).collect();
+    let fired: Vec<bool> =
+        (0..3).map(|_| evaluate(&mut slots, "createProcess", "POST", false).response.is_some()).collect();
     assert_eq!(fired, vec![false, true, false]);
     // fastStream only applies to connect.
-    assert!(evaluate(&mut slots, "connect", "GET").stream.fast.is_some());
-    assert!(evaluate(&mut slots, "exec", "POST").stream.fast.is_none());
+    assert!(evaluate(&mut slots, "connect", "GET", false).stream.fast.is_some());
+    assert!(evaluate(&mut slots, "exec", "POST", false).stream.fast.is_none());
 }
 
 #[test]

@@ -76,8 +76,10 @@ where
     with_emulator(opts, |emu| f(Ctx { emu, http: reqwest::Client::new() })).await;
 }
 
+/// These tests check the full profile's answers (pagination, exit-frame extras), whatever
+/// `CREATEOS_EMULATOR_PROFILE` says.
 fn opts() -> EmulatorOptions {
-    EmulatorOptions::default()
+    EmulatorOptions { profile: Some(createos_emulator::Profile::Full), ..EmulatorOptions::default() }
 }
 
 /// Parse an NDJSON body into JSON values.

@@ -11,7 +11,7 @@ use std::future::Future;
 use std::panic::AssertUnwindSafe;
 use std::time::Duration;
 
-pub use createos_emulator::{self as emulator, Emulator, EmulatorOptions, FaultRule};
+pub use createos_emulator::{self as emulator, Emulator, EmulatorOptions, FaultRule, Profile};
 use futures_util::FutureExt;
 
 /// How long one test body may run before it fails as "timed out".
@@ -24,7 +24,9 @@ pub fn unlimited() -> EmulatorOptions {
 }
 
 /// Runs `body` against a fresh emulator started with `opts`, within [`TEST_LIMIT`], and closes
-/// the emulator on every path.
+/// the emulator on every path. A test that names no profile (`opts.profile` `None`) gets the one
+/// `CREATEOS_EMULATOR_PROFILE` names (`full` or `documented`; unset: full), so a suite runs
+/// under either.
 ///
 /// # Panics
 /// When the emulator cannot start, when the body panics (re-raised after the close), or when
@@ -34,7 +36,7 @@ where
     F: FnOnce(Emulator) -> Fut,
     Fut: Future<Output = ()>,
 {
-    let emu = emulator::start(opts).await.expect("the emulator starts");
+    let emu = start(opts).await.expect("the emulator starts");
     let outcome = AssertUnwindSafe(tokio::time::timeout(TEST_LIMIT, body(emu.clone()))).catch_unwind().await;
     emu.close().await;
     match outcome {
@@ -42,6 +44,18 @@ where
         Ok(Err(_)) => panic!("test timed out after {TEST_LIMIT:?}"),
         Err(p) => std::panic::resume_unwind(p),
     }
+}
+
+/// Starts an emulator as [`with_emulator`] does (the profile from `CREATEOS_EMULATOR_PROFILE`
+/// when `opts` names none), for a test that closes it itself.
+///
+/// # Errors
+/// When the emulator cannot start.
+pub async fn start(mut opts: EmulatorOptions) -> std::io::Result<Emulator> {
+    if opts.profile.is_none() {
+        opts.profile = Profile::from_env();
+    }
+    emulator::start(opts).await
 }
 
 /// Waits (up to 2 s) until the emulator sees no live process it started.
