@@ -129,7 +129,9 @@ export type ExecuteMetadata = {
   outputTruncated: boolean
   /**
    * Whether the whole process tree is gone: `true` also after a timeout whose tree was
-   * ended and proven gone, `false` when the command left processes running, `null` when unknown.
+   * ended and proven gone, or after `leftoverProcesses: 'terminate'` ended a leftover; `false`
+   * when the command left processes running; `null` when unknown (e.g. the exit frame arrived
+   * but the process record that would say could not be read: the result still stands).
    */
   treeExited: boolean | null
 }
@@ -286,9 +288,11 @@ export type CleanupReason = 'creation-unconfirmed' | 'termination-unconfirmed'
 /**
  * The steps of a cleanup: `delete` (a process DELETE, with its grace), `wait` (a
  * `wait?scope=tree` confirmation), `list` (the search for a process behind a lost creation
- * answer), `backoff` (the pause between rounds) and `internal` (a panic in native code).
+ * answer), `cancel` (the cancel file that makes a creation applied late exit without running),
+ * `backoff` (the pause between rounds), `internal` (a panic in native code), and `remove` (the
+ * removal of staged files after the verdict: only on the `createos-execute:cleanup` channel).
  */
-export type CleanupStep = 'delete' | 'wait' | 'list' | 'backoff' | 'internal'
+export type CleanupStep = 'delete' | 'wait' | 'list' | 'cancel' | 'backoff' | 'internal' | 'remove'
 
 /**
  * What a cleanup step saw. `tree exited` proves the tree gone; `HTTP 404` does too unless the
@@ -303,6 +307,8 @@ export type CleanupOutcome =
   | 'invalid id'
   | 'inconsistent pages'
   | 'too many pages'
+  | 'written'
+  | 'removed'
   | 'panic'
   | `found ${number}`
   | AttemptFailure

@@ -332,6 +332,8 @@ pub struct Facts {
     /// The verdict is already decided: the command completed, or a cleanup inside the run
     /// gave its own verdict. Nothing more to end.
     pub settled: bool,
+    /// The last creation attempt sent (1 for the first; see `script.rs`, "Attempts").
+    pub attempt: u32,
 }
 
 /// How a cleanup ended when containment was proven.
@@ -367,9 +369,45 @@ pub async fn contain(
     if policy.legacy {
         return Err(RecoveryFailure::creation());
     }
-    match recover_creation(client, sandbox_id, marker, policy, ctx, steps, &mut facts.seen_alive).await? {
-        true => Ok(Contained::TreeGone),
-        false => Ok(Contained::NothingRan),
+    let attempt = facts.attempt.max(1);
+    if recover_creation(client, sandbox_id, marker, attempt, policy, ctx, steps, &mut facts.seen_alive).await? {
+        return Ok(Contained::TreeGone);
+    }
+    // Nothing of the attempt exists now, but the server may still apply it: cancelled, it
+    // exits at once if it ever starts. Unwritten, the verdict says what is true.
+    match cancel_attempts(client, sandbox_id, marker, attempt, ctx, steps).await {
+        Ok(()) => Ok(Contained::NothingRan),
+        Err(()) => Err(RecoveryFailure::creation()),
+    }
+}
+
+/// Writes the call's cancel file (`script::cancel_path`) with `attempt`: every attempt up to
+/// it that starts, or waits on its gate, exits without running anything. One upload, under
+/// `ctx` (a cleanup context), with the upload's retry rules.
+pub async fn cancel_attempts(
+    client: &Client,
+    sandbox_id: &str,
+    marker: &str,
+    attempt: u32,
+    ctx: &Ctx,
+    steps: &mut Steps,
+) -> std::result::Result<(), ()> {
+    steps.observe(client);
+    let path = crate::script::cancel_path(marker);
+    let content = bytes::Bytes::from(attempt.to_string());
+    match AssertUnwindSafe(client.put_file(sandbox_id, &path, content, ctx)).catch_unwind().await {
+        Ok(Ok(())) => {
+            steps.push("cancel", None, "written");
+            Ok(())
+        }
+        Ok(Err(e)) => {
+            steps.push("cancel", None, outcome_of(&e));
+            Err(())
+        }
+        Err(_) => {
+            steps.push("internal", None, "panic");
+            Err(())
+        }
     }
 }
 
@@ -393,6 +431,8 @@ pub struct Found {
     pub process_id: String,
     /// The entry said its tree was alive (`tree_exited: false`): a later 404 is no proof.
     pub alive: bool,
+    /// The creation attempt whose script it runs, when its arguments say.
+    pub attempt: Option<u32>,
 }
 
 /// The processes in one list page whose arguments carry `marker`. An entry that carries the
@@ -403,7 +443,7 @@ pub fn ours_in_page(processes: &[Value], marker: &str) -> Option<Vec<Found>> {
         match p.get("process_id").and_then(Value::as_str) {
             Some(id) if crate::client::is_identifier(id) => {
                 let alive = p.get("tree_exited") == Some(&Value::Bool(false));
-                ours.push(Found { process_id: id.to_owned(), alive });
+                ours.push(Found { process_id: id.to_owned(), alive, attempt: attempt_of(p) });
             }
             _ => return None,
         }
@@ -418,6 +458,8 @@ pub struct PageShape {
     pub count: usize,
     /// `pagination.total`, when the server gave one.
     pub total: Option<usize>,
+    /// The page size asked for (`limit`).
+    pub limit: usize,
 }
 
 /// Where reading a paged list stands after one more page (see [`ListCheck::page`]).
@@ -427,25 +469,57 @@ pub enum ListStep {
     Next(usize),
     /// Every entry was read: the list is complete.
     Complete,
+    /// `total` changed between pages: entries may have moved past both; read it again.
+    Restart,
     /// The pages contradict each other: nothing can be concluded from them.
     Inconclusive,
 }
 
-/// The rules that make a paged list conclusive: no id on two pages (a server that ignores
-/// `offset` repeats a page), `total` reached when it is given (and never passed), and a page
-/// shorter than asked, without a `total`, confirmed by one more page that is empty (a server
-/// that caps its pages below the asked size would otherwise look finished after one page).
+/// The rules that make a paged list conclusive, for a server that pages as asked and for one
+/// that gives the documented minimum (no pagination, no `total`):
+/// - with a `total`: complete when the entries read reach it (never pass it); a `total` that
+///   changes between pages means the list moved under the read ([`ListStep::Restart`]);
+/// - a page longer than asked comes from a server that ignores paging: it is the whole list;
+/// - without a `total`, a page shorter than asked ends the list when the next page is empty or
+///   repeats it exactly (a server that ignores `offset`; being short shows it did not cut at
+///   our `limit`); a next page with new entries is read on (a server that caps its pages
+///   below our `limit`);
+/// - a full page repeated, or an id on two pages otherwise, proves nothing.
+///
+/// The residual risk: a server that ignores `offset`, gives no `total` and silently caps its
+/// pages below our `limit` looks like a short, complete list.
 #[derive(Debug, Default)]
 pub struct ListCheck {
     seen: HashSet<String>,
     offset: usize,
+    pages: usize,
+    total: Option<usize>,
+    /// The ids of the previous page, when it was shorter than asked (without a `total`).
+    short_page: Option<Vec<Option<String>>>,
 }
 
 impl ListCheck {
     /// Takes one page: the ids of its entries (`None` for an entry without one) and its shape.
     pub fn page<'a>(&mut self, ids: impl IntoIterator<Item = Option<&'a str>>, shape: PageShape) -> ListStep {
-        for id in ids.into_iter().flatten() {
-            if !self.seen.insert(id.to_owned()) {
+        let ids: Vec<Option<String>> = ids.into_iter().map(|i| i.map(str::to_owned)).collect();
+        let first = self.pages == 0;
+        self.pages += 1;
+        if let (Some(before), Some(now)) = (self.total, shape.total) {
+            if before != now {
+                return ListStep::Restart;
+            }
+        }
+        self.total = self.total.or(shape.total);
+        if shape.total.is_none() {
+            if let Some(prev) = self.short_page.take() {
+                // After a short page: an empty page or the same page again ends the list.
+                if ids.is_empty() || ids == prev {
+                    return ListStep::Complete;
+                }
+            }
+        }
+        for id in ids.iter().flatten() {
+            if !self.seen.insert(id.clone()) {
                 return ListStep::Inconclusive;
             }
         }
@@ -454,26 +528,55 @@ impl ListCheck {
             Some(total) if self.offset == total => ListStep::Complete,
             Some(total) if self.offset > total || shape.count == 0 => ListStep::Inconclusive,
             Some(_) => ListStep::Next(self.offset),
-            // Without a total only an empty page ends the list: a short one may come from a
-            // server that caps its pages below the asked size.
             None if shape.count == 0 => ListStep::Complete,
-            None => ListStep::Next(self.offset),
+            // More than asked: a server that ignores paging gave its whole list.
+            None if shape.count > shape.limit => {
+                if first {
+                    ListStep::Complete
+                } else {
+                    ListStep::Inconclusive
+                }
+            }
+            None => {
+                if shape.count < shape.limit {
+                    self.short_page = Some(ids);
+                }
+                ListStep::Next(self.offset)
+            }
         }
     }
 }
 
-/// Reads every page of the process list and returns our processes (see [`ours_in_page`]),
-/// when the pages are conclusive ([`ListCheck`]).
-async fn list_ours(
-    client: &Client,
-    sandbox_id: &str,
-    marker: &str,
-    ctx: &Ctx,
-    steps: &mut Steps,
-) -> std::result::Result<Vec<Found>, ()> {
-    let mut ours: Vec<Found> = Vec::new();
+/// What reading the list gave: every entry of ours seen on any page, and whether the pages
+/// prove that there is no other.
+#[derive(Debug, Default)]
+pub struct Listed {
+    pub ours: Vec<Found>,
+    pub conclusive: bool,
+}
+
+/// How many times a list whose `total` changed is read again from the start.
+const LIST_RESTARTS: usize = 2;
+
+/// Reads every page of the process list and returns the processes of ours on any page (see
+/// [`ours_in_page`]), and whether the pages were conclusive ([`ListCheck`]). A failed or
+/// invalid page ends the read, inconclusive; what was found before it is still returned.
+async fn list_ours(client: &Client, sandbox_id: &str, marker: &str, ctx: &Ctx, steps: &mut Steps) -> Listed {
+    let mut listed = Listed::default();
     let mut check = ListCheck::default();
     let mut offset: usize = 0;
+    let mut restarts = 0;
+    let add = |listed: &mut Listed, found: Vec<Found>| {
+        for f in found {
+            if !listed.ours.iter().any(|o| o.process_id == f.process_id) {
+                listed.ours.push(f);
+            } else if f.alive {
+                if let Some(o) = listed.ours.iter_mut().find(|o| o.process_id == f.process_id) {
+                    o.alive = true;
+                }
+            }
+        }
+    };
     for _ in 0..MAX_LIST_PAGES {
         let path = format!("/sandboxes/{sandbox_id}/processes?limit={LIST_PAGE}&offset={offset}");
         let timeout = slice(ctx, Duration::ZERO);
@@ -483,49 +586,67 @@ async fn list_ours(
                 Ok(d) => d,
                 Err(e) => {
                     steps.push("list", None, outcome_of(&e));
-                    return Err(());
+                    return listed;
                 }
             };
         let Some(Value::Array(processes)) = data.get("processes") else {
             steps.push("list", None, "invalid answer");
-            return Err(());
+            return listed;
         };
         let Some(found) = ours_in_page(processes, marker) else {
+            // Ours, without an id to end it by: what else of ours there is still counts.
+            add(&mut listed, ours_with_ids(processes, marker));
             steps.push("list", None, "invalid id");
-            return Err(());
+            return listed;
         };
-        ours.extend(found);
+        add(&mut listed, found);
         let total = data
             .get("pagination")
             .and_then(|p| p.get("total"))
             .and_then(Value::as_u64)
             .and_then(|v| usize::try_from(v).ok());
         let ids = processes.iter().map(|p| p.get("process_id").and_then(Value::as_str));
-        match check.page(ids, PageShape { count: processes.len(), total }) {
+        match check.page(ids, PageShape { count: processes.len(), total, limit: LIST_PAGE }) {
             ListStep::Next(next) => offset = next,
             ListStep::Complete => {
-                steps.push("list", None, format!("found {}", ours.len()));
-                return Ok(ours);
+                steps.push("list", None, format!("found {}", listed.ours.len()));
+                listed.conclusive = true;
+                return listed;
             }
-            ListStep::Inconclusive => {
+            ListStep::Restart if restarts < LIST_RESTARTS => {
+                restarts += 1;
+                check = ListCheck::default();
+                offset = 0;
+            }
+            ListStep::Restart | ListStep::Inconclusive => {
                 steps.push("list", None, "inconsistent pages");
-                return Err(());
+                return listed;
             }
         }
     }
     steps.push("list", None, "too many pages");
-    Err(())
+    listed
+}
+
+/// The entries of ours in a page that have a valid id (those without one cannot be ended).
+fn ours_with_ids(processes: &[Value], marker: &str) -> Vec<Found> {
+    processes.iter().filter_map(|p| ours_in_page(std::slice::from_ref(p), marker).and_then(|mut v| v.pop())).collect()
 }
 
 /// After `POST /processes` failed ambiguously: finds the process(es) whose arguments carry
-/// `marker` (the unique start-gate path) in every page of the process list, terminates and
-/// confirms them. `Ok(found)` = proven: nothing of ours runs (found says whether one had been
-/// created). A list entry of ours that said its tree was alive sets `seen_alive`, and so does
-/// any answer of the terminations.
+/// `marker` (the unique start-gate path) in the process list, terminates and confirms every
+/// one seen on any page, whatever the list's conclusiveness. `Ok(found)` = proven: nothing of
+/// ours runs; `found` says whether the process of `attempt` (the last creation sent) was among
+/// them. Proven needs the list to be conclusive, or the process of `attempt` found (one
+/// creation makes one process, and earlier attempts were cancelled before it was sent). A
+/// list entry of ours that said its tree was alive sets `seen_alive`, and so does any answer
+/// of the terminations.
+#[allow(clippy::too_many_arguments)]
 pub async fn recover_creation(
     client: &Client,
     sandbox_id: &str,
     marker: &str,
+    attempt: u32,
     policy: &CleanupPolicy,
     ctx: &Ctx,
     steps: &mut Steps,
@@ -533,15 +654,14 @@ pub async fn recover_creation(
 ) -> std::result::Result<bool, RecoveryFailure> {
     steps.observe(client);
     let listed = AssertUnwindSafe(list_ours(client, sandbox_id, marker, ctx, &mut *steps)).catch_unwind().await;
-    let ours = match listed {
-        Ok(Ok(ours)) => ours,
-        Ok(Err(())) => return Err(RecoveryFailure::creation()),
+    let listed = match listed {
+        Ok(l) => l,
         Err(_) => {
             steps.push("internal", None, "panic");
             return Err(RecoveryFailure::creation());
         }
     };
-    for found in &ours {
+    for found in &listed.ours {
         *seen_alive |= found.alive;
         if terminate(client, sandbox_id, &found.process_id, policy, ctx, steps, &mut *seen_alive).await.is_err() {
             return Err(RecoveryFailure {
@@ -550,7 +670,12 @@ pub async fn recover_creation(
             });
         }
     }
-    Ok(!ours.is_empty())
+    let found_attempt = listed.ours.iter().any(|f| f.attempt == Some(attempt));
+    if listed.conclusive || found_attempt {
+        Ok(found_attempt)
+    } else {
+        Err(RecoveryFailure::creation())
+    }
 }
 
 /// Destroys a sandbox and proves it: `DELETE /sandboxes/{id}`, then its state (`GET`) until
@@ -657,19 +782,42 @@ fn carries(process: &Value, marker: &str) -> bool {
     in_args || process.get("cmd").and_then(Value::as_str).is_some_and(|s| s.contains(marker))
 }
 
-/// The most clearing a staged file may take.
+/// The attempt whose script a list entry runs (see `script::attempt_prefix`).
+fn attempt_of(process: &Value) -> Option<u32> {
+    let args = process.get("args")?.as_array()?;
+    args.iter().filter_map(Value::as_str).find_map(|a| {
+        let rest = a.strip_prefix("__cos_attempt=")?;
+        let (n, _) = rest.split_once('\n')?;
+        n.parse().ok()
+    })
+}
+
+/// The most removing staged files may take.
 pub const CLEAR_STAGED_DEADLINE: Duration = Duration::from_secs(10);
 
-/// Clears the content of a staged file (an empty upload over it: the command's stdin does not
-/// stay in the sandbox). Best effort: a failure is ignored. It is housekeeping, not proof: it
-/// runs after the verdict, and only once nothing of the call runs (never while a process may
-/// still read the file), under its own short deadline, and takes its request slot as new work
-/// does (it never goes ahead of another call's cleanup). It starts no process in the sandbox:
-/// `/exec rm` would, and a process of this call alive after the verdict "nothing of this call
-/// runs" would contradict it for anyone who checks.
-pub async fn clear_staged(client: &Client, sandbox_id: &str, path: &str, deadline: Duration) {
+/// Removes staged files the script may not have removed itself (it was ended before its gate,
+/// or its gate never opened): one buffered `/exec` of `rm -f`, after the verdict, only once
+/// nothing of the call runs (never while a process may still read them), under its own short
+/// deadline, taking its request slot as new work does (it never goes ahead of another call's
+/// cleanup). Housekeeping, not proof: the outcome is a `remove` step on the cleanup diagnostics
+/// channel (`removed`, or what failed), and nothing waits for it.
+pub async fn remove_staged(client: &Client, sandbox_id: &str, paths: &[String], deadline: Duration) {
+    let mut steps = Steps::new();
+    steps.observe(client);
     let ctx = Ctx::with_deadline(crate::abort::Abort::new(), Instant::now() + deadline.min(CLEAR_STAGED_DEADLINE));
-    let _ = client.put_file(sandbox_id, path, bytes::Bytes::new(), &ctx).await;
+    let mut args = vec![Value::from("-f"), Value::from("--")];
+    args.extend(paths.iter().map(|p| Value::from(p.as_str())));
+    let body = serde_json::json!({ "cmd": "/bin/rm", "args": args });
+    let path = format!("/sandboxes/{sandbox_id}/exec");
+    let timeout = slice(&ctx, Duration::ZERO);
+    let op = Operation::WorkspaceCommand;
+    match client.json_with(op, Method::POST, &path, Some(body), &ctx, Retry::Safe, timeout).await {
+        Ok(d) if d.get("result").and_then(|r| r.get("exit_code")).and_then(Value::as_i64) == Some(0) => {
+            steps.push("remove", None, "removed");
+        }
+        Ok(_) => steps.push("remove", None, "failed"),
+        Err(e) => steps.push("remove", None, outcome_of(&e)),
+    }
 }
 
 #[cfg(test)]
@@ -688,7 +836,7 @@ mod tests {
     }
 
     fn shape(count: usize, total: Option<usize>) -> PageShape {
-        PageShape { count, total }
+        PageShape { count, total, limit: 500 }
     }
 
     #[test]
@@ -698,12 +846,33 @@ mod tests {
         let mut c = ListCheck::default();
         assert_eq!(c.page(ids(&["a", "b", "c"]), shape(3, Some(4))), ListStep::Next(3));
         assert_eq!(c.page(ids(&["d"]), shape(1, Some(4))), ListStep::Complete);
-        // A repeated page (offset ignored) is inconclusive, with or without a total.
-        for total in [Some(6), None] {
-            let mut c = ListCheck::default();
-            assert_eq!(c.page(ids(&["a", "b", "c"]), shape(3, total)), ListStep::Next(3));
-            assert_eq!(c.page(ids(&["a", "b", "c"]), shape(3, total)), ListStep::Inconclusive);
-        }
+        // A repeated page with a total, or a full one without, is inconclusive (offset
+        // ignored, and the server may have cut at our limit).
+        let mut c = ListCheck::default();
+        assert_eq!(c.page(ids(&["a", "b", "c"]), shape(3, Some(6))), ListStep::Next(3));
+        assert_eq!(c.page(ids(&["a", "b", "c"]), shape(3, Some(6))), ListStep::Inconclusive);
+        let full = |count| PageShape { count, total: None, limit: 3 };
+        let mut c = ListCheck::default();
+        assert_eq!(c.page(ids(&["a", "b", "c"]), full(3)), ListStep::Next(3));
+        assert_eq!(c.page(ids(&["a", "b", "c"]), full(3)), ListStep::Inconclusive);
+        // Without a total, a short page repeated exactly is a server that ignores offset: the
+        // whole list. Repeated in another order, or with an entry more, it proves nothing.
+        let mut c = ListCheck::default();
+        assert_eq!(c.page(ids(&["a", "b", "c"]), shape(3, None)), ListStep::Next(3));
+        assert_eq!(c.page(ids(&["a", "b", "c"]), shape(3, None)), ListStep::Complete);
+        let mut c = ListCheck::default();
+        assert_eq!(c.page(ids(&["a", "b"]), shape(2, None)), ListStep::Next(2));
+        assert_eq!(c.page(ids(&["b", "a"]), shape(2, None)), ListStep::Inconclusive);
+        let mut c = ListCheck::default();
+        assert_eq!(c.page(ids(&["a", "b"]), shape(2, None)), ListStep::Next(2));
+        assert_eq!(c.page(ids(&["a", "b", "x"]), shape(3, None)), ListStep::Inconclusive);
+        // A page longer than asked: a server that ignores paging gave all of it.
+        let mut c = ListCheck::default();
+        assert_eq!(c.page(ids(&["a", "b", "c", "d"]), full(4)), ListStep::Complete);
+        // A total that changes between pages: read again.
+        let mut c = ListCheck::default();
+        assert_eq!(c.page(ids(&["a", "b"]), shape(2, Some(4))), ListStep::Next(2));
+        assert_eq!(c.page(ids(&["d"]), shape(1, Some(3))), ListStep::Restart);
         // A total never reached (an empty page before it) or passed is inconclusive.
         let mut c = ListCheck::default();
         assert_eq!(c.page(ids(&["a"]), shape(1, Some(3))), ListStep::Next(1));
@@ -730,7 +899,10 @@ mod tests {
             json!({ "process_id": "bad/id", "args": ["y"] }),
             json!("not even an object"),
         ];
-        assert_eq!(ours_in_page(&page, m), Some(vec![Found { process_id: "p1".to_owned(), alive: false }]));
+        assert_eq!(
+            ours_in_page(&page, m),
+            Some(vec![Found { process_id: "p1".to_owned(), alive: false, attempt: None }])
+        );
         for bad in [
             json!({ "process_id": "bad/id", "args": [m] }),
             json!({ "args": [m] }),

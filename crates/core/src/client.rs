@@ -9,6 +9,7 @@
 //! Retries (bounded: at most [`MAX_RETRIES`], each wait bounded by the caller's context):
 //! - 429 on any method, after `Retry-After` (which also pauses the whole origin's pacer);
 //! - 503 on any method but process creation (see `Retry::Creation`);
+//! - a connection that could not be made (nothing was sent) on any method, creation included;
 //! - 502, 504 and failed connections only for GET/PUT/DELETE (idempotent), and never for
 //!   streams, whose reconnects `follow.rs` owns.
 
@@ -320,6 +321,12 @@ impl Client {
             let err = result.expect_err("handled above");
             if attempt > MAX_RETRIES || !retryable(&err, &Method::POST, Retry::Creation) {
                 return Creation { result: Err(err), maybe_created, unanswered };
+            }
+            // 429 waits in the pacer; a connection that could not be made backs off briefly.
+            if !matches!(err, Error::Api { status: 429, .. })
+                && ctx.sleep(Duration::from_millis(200 * u64::from(attempt))).await.is_err()
+            {
+                return Creation { result: Err(err), maybe_created: false, unanswered: false };
             }
         }
     }
@@ -637,6 +644,8 @@ fn retryable(err: &Error, method: &Method, retry: Retry) -> bool {
     match (err, retry) {
         (Error::Api { status: 429, .. }, _) => true,
         (_, Retry::RateLimitOnly) => false,
+        // Provably never received (no connection was made): safe for a creation too.
+        (Error::Connection { maybe_sent: false, .. } | Error::ProxyUnreachable { .. }, Retry::Creation) => true,
         (Error::Api { status: 503, .. }, Retry::Safe) => true,
         (Error::Api { status: 502 | 504, .. }, Retry::Safe) => idempotent,
         (Error::Connection { maybe_sent: false, .. } | Error::ProxyUnreachable { .. }, Retry::Safe) => true,
@@ -764,6 +773,8 @@ mod tests {
         assert!(!retryable(&api(503), &Method::GET, Retry::RateLimitOnly));
         let conn = |maybe_sent| Error::Connection { op: Operation::ProcessCreation, maybe_sent };
         assert!(!retryable(&conn(true), &Method::POST, Retry::Creation));
+        assert!(retryable(&conn(false), &Method::POST, Retry::Creation), "nothing was sent");
+        assert!(!retryable(&conn(false), &Method::GET, Retry::RateLimitOnly));
         assert!(retryable(&conn(true), &Method::GET, Retry::Safe));
     }
 

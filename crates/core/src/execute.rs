@@ -20,6 +20,7 @@
 //! `timedOut` result with the output so far, any other abort is a cancellation.
 
 use std::panic::AssertUnwindSafe;
+use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -117,29 +118,22 @@ pub async fn execute(
     let token = uuid::Uuid::new_v4().simple().to_string();
     let stdin_path = params.stdin.as_ref().map(|_| format!("/tmp/createos-stdin-{token}"));
     let gate_path = format!("/tmp/createos-start-{token}");
-    let gate_timeout_s = cfg.timeout.as_secs() + 60;
-    let script = script::command_script(
-        &params.command(),
-        Some(&Gate { gate_path: &gate_path, stdin_path: stdin_path.as_deref(), timeout_s: gate_timeout_s }),
-    )?;
-    let mut facts = Facts::default();
+    let scripts = Scripts {
+        cmd: params.command(),
+        gate_path: &gate_path,
+        stdin_path: stdin_path.as_deref(),
+        timeout_s: cfg.timeout.as_secs() + 60,
+    };
+    // Input errors come before anything is sent.
+    scripts.attempt(1)?;
+    let mut facts = Facts { attempt: 1, ..Facts::default() };
     // A panic anywhere in the run is an error like any other: it still goes through the
     // cleanup below (the cleanup has its own panic guard).
     let run = async {
-        AssertUnwindSafe(run_managed(
-            &client,
-            cfg,
-            params,
-            &ctx,
-            &script,
-            &gate_path,
-            stdin_path.as_deref(),
-            &mut output,
-            &mut facts,
-        ))
-        .catch_unwind()
-        .await
-        .unwrap_or(Err(Error::Internal(PANIC)))
+        AssertUnwindSafe(run_managed(&client, cfg, params, &ctx, &scripts, &mut output, &mut facts))
+            .catch_unwind()
+            .await
+            .unwrap_or(Err(Error::Internal(PANIC)))
     };
     // When the caller's signal fired: the cleanup that follows an abort began then, and its
     // deadline counts from then (the run may take a bounded while to stop, see
@@ -165,28 +159,34 @@ pub async fn execute(
         }
         Err(err) => {
             // After the command completed, or once a cleanup inside the run gave its verdict,
-            // the error is that verdict: nothing more to end or remove.
-            if facts.settled {
-                return Err(err);
-            }
-            let now = Instant::now();
-            let began = aborted_at.map_or(now, |at| at.min(now));
-            let cleanup_ctx = cleanup_ctx(began, cfg.cleanup.deadline);
-            let mut steps = Steps::new();
-            let contained =
-                cleanup::contain(&client, sb, &gate_path, &mut facts, &cfg.cleanup, &cleanup_ctx, &mut steps).await;
-            let contained = match contained {
-                Ok(c) => c,
-                Err(f) => {
-                    let reported = f.process_id.or(facts.process_id);
-                    return Err(steps.report(f.reason, sb, reported.as_deref()));
+            // the error is that verdict: nothing more to end.
+            let contained = if facts.settled {
+                if matches!(err, Error::Cleanup(_)) {
+                    return Err(err);
+                }
+                Contained::NothingRan
+            } else {
+                let now = Instant::now();
+                let began = aborted_at.map_or(now, |at| at.min(now));
+                let cleanup_ctx = cleanup_ctx(began, cfg.cleanup.deadline);
+                let mut steps = Steps::new();
+                let contained =
+                    cleanup::contain(&client, sb, &gate_path, &mut facts, &cfg.cleanup, &cleanup_ctx, &mut steps).await;
+                match contained {
+                    Ok(c) => c,
+                    Err(f) => {
+                        let reported = f.process_id.or(facts.process_id);
+                        return Err(steps.report(f.reason, sb, reported.as_deref()));
+                    }
                 }
             };
-            // Proven: nothing of this call runs. A staged stdin file is left behind only when
-            // the gate never opened (past it, the script removes the file itself): its content
-            // is cleared after the verdict (housekeeping never delays it), bounded.
-            if let (Some(path), true, false) = (&stdin_path, facts.staged, facts.gate_sent) {
-                spawn_clear(Arc::clone(&client), sb.to_owned(), path.clone(), cfg.cleanup.deadline);
+            // Proven: nothing of this call runs. The script removes its gate and staged stdin
+            // once past its gate; ended before that (or never let through), it could not, so
+            // they are removed after the verdict (housekeeping never delays it), bounded.
+            if facts.staged || facts.gate_sent || contained == Contained::TreeGone {
+                let mut paths = vec![gate_path.clone()];
+                paths.extend(stdin_path.clone());
+                spawn_remove(Arc::clone(&client), sb.to_owned(), paths, cfg.cleanup.deadline);
             }
             // Only an abort that ended the run makes the outcome an abort: one that fired
             // during the cleanup never replaces a real error (a gap, an eviction, a panic).
@@ -196,6 +196,21 @@ pub async fn execute(
             }
             Err(err)
         }
+    }
+}
+
+/// The script of each creation attempt of one call (see `script.rs`, "Attempts").
+struct Scripts<'a> {
+    cmd: script::Command<'a>,
+    gate_path: &'a str,
+    stdin_path: Option<&'a str>,
+    timeout_s: u64,
+}
+
+impl Scripts<'_> {
+    fn attempt(&self, attempt: u32) -> Result<String> {
+        let gate = Gate { gate_path: self.gate_path, stdin_path: self.stdin_path, timeout_s: self.timeout_s, attempt };
+        script::command_script(&self.cmd, Some(&gate))
     }
 }
 
@@ -213,12 +228,12 @@ fn cleanup_ctx(began: Instant, deadline: Duration) -> Ctx {
 /// See [`cleanup_ctx`].
 const CLEANUP_FLOOR: Duration = Duration::from_millis(500);
 
-/// Clears a staged file after the verdict, in a task of its own under its own short deadline
-/// (see [`cleanup::clear_staged`]); nothing waits for it.
-fn spawn_clear(client: Arc<Client>, sandbox_id: String, path: String, deadline: Duration) {
+/// Removes staged files after the verdict, in a task of its own under its own short deadline
+/// (see [`cleanup::remove_staged`]); nothing waits for it.
+fn spawn_remove(client: Arc<Client>, sandbox_id: String, paths: Vec<String>, deadline: Duration) {
     tokio::spawn(async move {
-        let clear = cleanup::clear_staged(&client, &sandbox_id, &path, deadline);
-        let _ = AssertUnwindSafe(clear).catch_unwind().await;
+        let remove = cleanup::remove_staged(&client, &sandbox_id, &paths, deadline);
+        let _ = AssertUnwindSafe(remove).catch_unwind().await;
     });
 }
 
@@ -242,13 +257,12 @@ async fn run_managed(
     cfg: &Config,
     params: &Params,
     ctx: &Ctx,
-    script: &str,
-    gate_path: &str,
-    stdin_path: Option<&str>,
+    scripts: &Scripts<'_>,
     output: &mut Output,
     facts: &mut Facts,
 ) -> Result<ExecuteResult> {
     let sb = params.sandbox_id.as_str();
+    let (gate_path, stdin_path) = (scripts.gate_path, scripts.stdin_path);
     // 1 ∥ 2: stdin is staged while the process is created. The script opens the staged file
     // only after its gate opens, and the gate opens only after the upload succeeded.
     let stage = async {
@@ -260,10 +274,10 @@ async fn run_managed(
     facts.staged = stdin_path.is_some();
     // Ambiguous until the answer says otherwise (a panic in flight leaves it so).
     facts.creation_ambiguous = true;
+    let attempt = AtomicU32::new(1);
     let create = async {
         let started = Instant::now();
-        let body = json!({ "cmd": "/bin/bash", "args": ["-lc", script] });
-        let r = create_process(client, cfg, sb, body, gate_path, ctx).await;
+        let r = create_process(client, cfg, sb, scripts, &attempt, ctx).await;
         (r, started.elapsed())
     };
     // The gate's request goes out now, beside the creation, and holds its content until the
@@ -276,6 +290,7 @@ async fn run_managed(
     // Both are awaited to the end (never one dropped half-way), so what each did is known.
     let (staged, (created, create_rtt)) =
         beside(async { tokio::join!(stage, create) }, held.as_mut(), &mut held_early).await;
+    facts.attempt = attempt.load(Ordering::Relaxed);
     let created = match created {
         Created::Answer(creation) => {
             facts.creation_ambiguous = creation.maybe_created;
@@ -325,6 +340,8 @@ async fn run_managed(
             return Err(steps.report(CleanupReason::TerminationUnconfirmed, sb, Some(&pid)));
         }
     }
+    // Proven gone by the follow, or by the termination just above.
+    let tree_exited = if cfg.leftover == Leftover::Terminate { Some(true) } else { tree_exited };
     Ok(ExecuteResult {
         exit_code: followed.exit.exit_code,
         signal: followed.exit.signal,
@@ -350,16 +367,32 @@ enum Created {
 /// Creates the process. A creation lost on a connection that died before any answer (a
 /// pooled connection the server closed as it was reused, typically) is sent again, at most
 /// [`LOST_CREATION_RETRIES`] times and only while the caller's signal has not fired, once the
-/// process list (paged, conclusive) proved that no process of this call runs: its own
-/// cleanup, as for any ambiguous creation, so a second creation never meets a first one
-/// waiting on the same start gate.
-async fn create_process(client: &Client, cfg: &Config, sb: &str, body: Value, gate_path: &str, ctx: &Ctx) -> Created {
+/// process list proved that no process of this call runs (its own cleanup, as for any
+/// ambiguous creation: what it finds is ended) and the attempt was cancelled in the sandbox
+/// (`cleanup::cancel_attempts`), so that attempt exits at once if the server applies it late.
+/// Each attempt runs its own script (`Scripts::attempt`); `attempt` is the last one sent.
+async fn create_process(
+    client: &Client,
+    cfg: &Config,
+    sb: &str,
+    scripts: &Scripts<'_>,
+    attempt: &AtomicU32,
+    ctx: &Ctx,
+) -> Created {
     // The answer is awaited after an abort for at most half the cleanup's deadline: the
     // other half is for ending what it created, or for finding it in the list.
     let answer_after_abort = cfg.cleanup.deadline / 2;
     let mut lost = 0;
     loop {
-        let creation = client.create_process(sb, body.clone(), ctx, answer_after_abort).await;
+        let n = attempt.load(Ordering::Relaxed);
+        let script = match scripts.attempt(n) {
+            Ok(s) => s,
+            Err(e) => {
+                return Created::Answer(client::Creation { result: Err(e), maybe_created: false, unanswered: false })
+            }
+        };
+        let body = json!({ "cmd": "/bin/bash", "args": ["-lc", script] });
+        let creation = client.create_process(sb, body, ctx, answer_after_abort).await;
         if !creation.unanswered || lost >= LOST_CREATION_RETRIES || cfg.cleanup.legacy || ctx.abort.is_aborted() {
             return Created::Answer(creation);
         }
@@ -367,15 +400,22 @@ async fn create_process(client: &Client, cfg: &Config, sb: &str, body: Value, ga
         let mut steps = Steps::new();
         let mut seen_alive = false;
         let cleanup_ctx = Ctx::cleanup(cfg.cleanup.deadline);
+        let gate = scripts.gate_path;
         let recovered =
-            cleanup::recover_creation(client, sb, gate_path, &cfg.cleanup, &cleanup_ctx, &mut steps, &mut seen_alive)
+            cleanup::recover_creation(client, sb, gate, n, &cfg.cleanup, &cleanup_ctx, &mut steps, &mut seen_alive)
                 .await;
-        match recovered {
-            Err(f) => return Created::Settled(steps.report(f.reason, sb, f.process_id.as_deref())),
-            // Proven: nothing of this call runs. Sent again unless the caller gave up meanwhile.
-            Ok(_) if ctx.abort.is_aborted() => return Created::Settled(ctx.abort.error()),
-            Ok(_) => {}
+        if let Err(f) = recovered {
+            return Created::Settled(steps.report(f.reason, sb, f.process_id.as_deref()));
         }
+        // Nothing of this call runs now; cancelled, the lost attempt can never run later.
+        if cleanup::cancel_attempts(client, sb, gate, n, &cleanup_ctx, &mut steps).await.is_err() {
+            return Created::Settled(steps.report(CleanupReason::CreationUnconfirmed, sb, None));
+        }
+        if ctx.abort.is_aborted() {
+            // Sent again unless the caller gave up meanwhile.
+            return Created::Settled(ctx.abort.error());
+        }
+        attempt.store(n + 1, Ordering::Relaxed);
     }
 }
 

@@ -174,7 +174,7 @@ async fn follow_seen(
         let opened = match outcome? {
             Attempt::Exit(exit) => {
                 note(seen, exit.tree_exited);
-                let (done, newest) = complete(client, &base, exit, ctx, seen).await?;
+                let (done, newest) = complete(client, &base, exit, cursor, ctx, seen).await?;
                 if newest < cursor {
                     return Err(Error::Protocol(JOURNAL_INVALID));
                 }
@@ -283,11 +283,16 @@ struct ExitFrame {
 }
 
 /// The exit and the journal's last seq: from the frame, or (when the frame does not carry
-/// `newest_seq`) from the process record, which also fills a missing `tree_exited`.
+/// `newest_seq`, the documented minimum) from the process record, which also fills a missing
+/// `tree_exited`. The exit frame is the command's result: a record that cannot be had within
+/// [`VERIFY_BUDGET`] (no answer, an error, an abort meanwhile), or that does not say
+/// `newest_seq`, leaves the completeness and the tree unverified (`tree_exited: None`), never
+/// turns the result into an error.
 async fn complete(
     client: &Client,
     base: &str,
     frame: ExitFrame,
+    cursor: u64,
     ctx: &Ctx,
     seen: &AtomicBool,
 ) -> Result<(Followed, u64)> {
@@ -295,12 +300,21 @@ async fn complete(
     if let Some(newest) = frame.newest_seq {
         return Ok((followed(frame.tree_exited), newest));
     }
-    let record = client.json(Operation::ProcessStatus, Method::GET, base, None, ctx).await?;
-    note(seen, record.get("tree_exited").and_then(Value::as_bool));
-    let newest = newest_seq(&record).ok_or(Error::Protocol(JOURNAL_INVALID))?;
-    let tree_exited = frame.tree_exited.or_else(|| record.get("tree_exited").and_then(Value::as_bool));
-    Ok((followed(tree_exited), newest))
+    let verify = Ctx::with_deadline(ctx.abort.clone(), tokio::time::Instant::now() + VERIFY_BUDGET);
+    let Ok(record) = client.json(Operation::ProcessStatus, Method::GET, base, None, &verify).await else {
+        return Ok((followed(frame.tree_exited), cursor));
+    };
+    let record_tree = record.get("tree_exited").and_then(Value::as_bool);
+    note(seen, record_tree);
+    let tree_exited = frame.tree_exited.or(record_tree);
+    match newest_seq(&record) {
+        Some(newest) => Ok((followed(tree_exited), newest)),
+        None => Ok((followed(tree_exited), cursor)),
+    }
 }
+
+/// The most the verification of an exit (the process record) may take.
+pub const VERIFY_BUDGET: Duration = Duration::from_secs(10);
 
 /// How many body chunks the reader task may read ahead of the parser (bounded memory: a
 /// chunk is at most a few tens of KiB).

@@ -1,7 +1,7 @@
 //! Shell quoting and the bash script a command runs as.
 //!
 //! The managed process is `/bin/bash -lc <script>`. The script (1) waits for the start-gate
-//! file, so the output stream is attached before the command can print, (2) removes the gate,
+//! file, so the output stream is attached before the command can print, (2) claims the gate,
 //! (3) takes its stdin from the staged file (or `/dev/null`) and removes that file once it is
 //! open, (4) changes directory, exports the environment, and `exec`s the command. Steps 2 and 3
 //! are why a successful command needs no extra requests to close stdin or remove files.
@@ -14,6 +14,18 @@
 //! when it exists: `execute` sends the gate's request ahead and its content only once the
 //! stream is attached (see `Client::put_file_held`), and a server that creates a file as an
 //! upload starts streaming, or keeps an abandoned upload's empty file, must not open it.
+//!
+//! **Attempts.** Each creation attempt of one call has its own script: its first line names the
+//! attempt ([`attempt_prefix`]), and it runs only while the call's cancel file
+//! ([`cancel_path`]) does not cancel it. `execute` writes the number of the last cancelled
+//! attempt there before it sends a creation again, and before it gives a verdict while a
+//! creation's fate is unknown, so an attempt the server applies late (whatever the order)
+//! exits at once with [`CANCELLED_EXIT`], without running anything and without touching the
+//! gate or the staged stdin. The gate is claimed in one atomic step (`mv` of the gate file to
+//! a name of the claimer's own): of two processes that see it open, only one can pass. The
+//! gate's content is written only for the attempt whose creation was answered, after every
+//! earlier attempt was cancelled, so a process that sees the gate open and reads the cancel
+//! file after it sees every cancellation that came before.
 //!
 //! The gate wait is quiet: it blocks in bash's builtin `read -t` on the process's own stdin
 //! pipe (which CreateOS keeps open and we never write to), so it spawns nothing. If stdin is
@@ -31,6 +43,22 @@ pub const GATE_CONTENT: &[u8] = b"1";
 
 /// Exit status of a script whose start gate never opened.
 pub const GATE_TIMEOUT_EXIT: i32 = 125;
+
+/// Exit status of a script whose attempt was cancelled, or whose gate another process claimed:
+/// it ran nothing.
+pub const CANCELLED_EXIT: i32 = 124;
+
+/// The call's cancel file, next to its gate: it holds the number of the last cancelled
+/// attempt (see the module doc).
+pub fn cancel_path(gate_path: &str) -> String {
+    format!("{gate_path}.cancelled")
+}
+
+/// How the script of attempt `attempt` begins (a list entry whose script starts so is that
+/// attempt's process).
+pub fn attempt_prefix(attempt: u32) -> String {
+    format!("__cos_attempt={attempt}\n")
+}
 
 /// Quotes `value` for bash as one word: `'…'`, with each `'` written as `'"'"'`.
 pub fn shell_quote(value: &str) -> Result<String> {
@@ -65,11 +93,13 @@ pub struct Command<'a> {
     pub env: &'a [(String, String)],
 }
 
-/// The start gate and staged stdin of a managed-process script.
+/// The start gate and staged stdin of a managed-process script, and which attempt it is.
 pub struct Gate<'a> {
     pub gate_path: &'a str,
     pub stdin_path: Option<&'a str>,
     pub timeout_s: u64,
+    /// The creation attempt (1 for the first): see the module doc.
+    pub attempt: u32,
 }
 
 /// Checks a command before anything is sent.
@@ -101,18 +131,36 @@ pub fn command_script(cmd: &Command<'_>, gate: Option<&Gate<'_>>) -> Result<Stri
     let mut lines: Vec<String> = Vec::new();
     if let Some(g) = gate {
         let gate_q = shell_quote(g.gate_path)?;
+        let cancel_q = shell_quote(&cancel_path(g.gate_path))?;
+        let claim_q = shell_quote(&format!("{}.claimed", g.gate_path))?;
         let stdin_q = g.stdin_path.map(shell_quote).transpose()?;
         let remove_stdin = stdin_q.as_ref().map(|s| format!("rm -f -- {s}; ")).unwrap_or_default();
+        let attempt = g.attempt.max(1);
+        // The first line names the attempt (see `attempt_prefix`); nothing precedes it.
+        lines.push(format!("__cos_attempt={attempt}"));
         lines.push(format!("__cos_end=$((SECONDS+{}))", g.timeout_s.max(1)));
         lines.push("__cos_nap=0.01".into());
-        lines.push(format!("while [ ! -s {gate_q} ]; do"));
+        // Cancelled when the cancel file names this attempt or a later one (anything but a
+        // number cancels every attempt: the file is only ever ours).
+        lines.push(format!(
+            "__cos_cancelled() {{ [ -s {cancel_q} ] || return 1; __cos_c=; read -r __cos_c < {cancel_q}; \
+             case $__cos_c in ''|*[!0-9]*) return 0;; esac; [ \"$__cos_c\" -ge {attempt} ]; }}"
+        ));
+        lines.push("while :; do".into());
+        lines.push(format!("  if __cos_cancelled; then exit {CANCELLED_EXIT}; fi"));
+        // Open: the cancel file is read again after the gate was seen open (every cancellation
+        // was written before the gate's content), then the gate is claimed in one step (a
+        // rename only one process can win).
+        lines.push(format!(
+            "  if [ -s {gate_q} ]; then if __cos_cancelled; then exit {CANCELLED_EXIT}; fi; \
+             mv -f -- {gate_q} {claim_q}.$$ 2>/dev/null || exit {CANCELLED_EXIT}; rm -f -- {claim_q}.$$; break; fi"
+        ));
         lines.push(format!(
             "  if [ \"$SECONDS\" -ge \"$__cos_end\" ]; then {remove_stdin}rm -f -- {gate_q}; exit {GATE_TIMEOUT_EXIT}; fi"
         ));
         lines.push("  read -r -t 0.02 __cos_x 2>/dev/null".into());
         lines.push("  if [ $? -le 128 ]; then sleep \"$__cos_nap\"; case $__cos_nap in 0.01) __cos_nap=0.05;; 0.05) __cos_nap=0.25;; esac; fi".into());
         lines.push("done".into());
-        lines.push(format!("rm -f -- {gate_q}"));
         match stdin_q {
             Some(s) => {
                 lines.push(format!("exec 0< {s} || exit 126"));
@@ -120,7 +168,8 @@ pub fn command_script(cmd: &Command<'_>, gate: Option<&Gate<'_>>) -> Result<Stri
             }
             None => lines.push("exec 0</dev/null".into()),
         }
-        lines.push("unset __cos_end __cos_nap __cos_x".into());
+        lines.push("unset -f __cos_cancelled".into());
+        lines.push("unset __cos_attempt __cos_end __cos_nap __cos_x __cos_c".into());
     }
     if let Some(cwd) = cmd.cwd.filter(|c| !c.is_empty()) {
         lines.push(format!("cd -- {} || exit", shell_quote(cwd)?));
@@ -197,7 +246,12 @@ mod tests {
         std::fs::write(&stdin, "from stdin\n").unwrap();
         let args = vec![];
         let c = Command { command: "cat", args: &args, cwd: None, env: &[] };
-        let g = Gate { gate_path: gate.to_str().unwrap(), stdin_path: Some(stdin.to_str().unwrap()), timeout_s: 10 };
+        let g = Gate {
+            gate_path: gate.to_str().unwrap(),
+            stdin_path: Some(stdin.to_str().unwrap()),
+            timeout_s: 10,
+            attempt: 1,
+        };
         let script = command_script(&c, Some(&g)).unwrap();
         // stdin of the script is a pipe nobody writes to: the quiet wait path.
         let mut child = Proc::new("/bin/bash")
@@ -229,7 +283,12 @@ mod tests {
         let c = Command { command: "true", args: &[], cwd: None, env: &[] };
         let gate = dir.join("gate");
         std::fs::write(&gate, "").unwrap();
-        let g = Gate { gate_path: gate.to_str().unwrap(), stdin_path: Some(stdin.to_str().unwrap()), timeout_s: 1 };
+        let g = Gate {
+            gate_path: gate.to_str().unwrap(),
+            stdin_path: Some(stdin.to_str().unwrap()),
+            timeout_s: 1,
+            attempt: 1,
+        };
         // stdin at EOF: the sleep fallback path.
         let out = Proc::new("/bin/bash")
             .arg("-c")
@@ -241,5 +300,91 @@ mod tests {
         assert!(!stdin.exists());
         assert!(!gate.exists(), "an abandoned (empty) gate file is removed too");
         std::fs::remove_dir_all(&dir).ok();
+    }
+
+    fn gated(dir: &std::path::Path, attempt: u32, marker_file: &std::path::Path) -> std::process::Child {
+        gated_for(dir, attempt, marker_file, 30)
+    }
+
+    fn gated_for(
+        dir: &std::path::Path,
+        attempt: u32,
+        marker_file: &std::path::Path,
+        timeout_s: u64,
+    ) -> std::process::Child {
+        let args = vec!["-c".to_string(), format!("echo ran >> {}", marker_file.display())];
+        let c = Command { command: "/bin/bash", args: &args, cwd: None, env: &[] };
+        let gate = dir.join("gate");
+        let g = Gate { gate_path: gate.to_str().unwrap(), stdin_path: None, timeout_s, attempt };
+        Proc::new("/bin/bash")
+            .arg("-c")
+            .arg(command_script(&c, Some(&g)).unwrap())
+            .stdin(std::process::Stdio::piped())
+            .spawn()
+            .unwrap()
+    }
+
+    fn fresh_dir(name: &str) -> std::path::PathBuf {
+        let dir = std::env::temp_dir().join(format!("cos-script-{name}-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).unwrap();
+        dir
+    }
+
+    #[test]
+    fn a_cancelled_attempt_exits_at_once_and_runs_nothing() {
+        let dir = fresh_dir("cancel");
+        let ran = dir.join("ran");
+        let gate = dir.join("gate");
+        std::fs::write(cancel_path(gate.to_str().unwrap()), "1").unwrap();
+        // Attempt 1 started after its cancellation: it exits without waiting, even with the
+        // gate open (a late process must never take the gate of a later attempt).
+        std::fs::write(&gate, GATE_CONTENT).unwrap();
+        let started = std::time::Instant::now();
+        let st = gated(&dir, 1, &ran).wait().unwrap();
+        assert_eq!(st.code(), Some(CANCELLED_EXIT));
+        assert!(started.elapsed() < std::time::Duration::from_secs(5));
+        assert!(!ran.exists(), "the command never ran");
+        assert!(gate.exists(), "the gate is left to the attempt it is for");
+        // Attempt 2 is not cancelled by "1": it takes the gate and runs.
+        let st = gated(&dir, 2, &ran).wait().unwrap();
+        assert_eq!(st.code(), Some(0));
+        assert_eq!(std::fs::read_to_string(&ran).unwrap(), "ran\n");
+        assert!(!gate.exists());
+        // A cancellation written while an attempt waits ends it within a poll.
+        let mut waiting = gated(&dir, 3, &ran);
+        std::thread::sleep(std::time::Duration::from_millis(100));
+        assert!(waiting.try_wait().unwrap().is_none());
+        std::fs::write(cancel_path(gate.to_str().unwrap()), "3").unwrap();
+        assert_eq!(waiting.wait().unwrap().code(), Some(CANCELLED_EXIT));
+        assert_eq!(std::fs::read_to_string(&ran).unwrap(), "ran\n", "still once");
+        std::fs::remove_dir_all(&dir).ok();
+    }
+
+    #[test]
+    fn of_two_waiters_on_one_open_gate_only_one_runs() {
+        let dir = fresh_dir("two");
+        let ran = dir.join("ran");
+        for _ in 0..5 {
+            let _ = std::fs::remove_file(&ran);
+            // The same attempt twice (a server that applied one creation twice): the loser
+            // either lost the rename or never saw the gate open (then it waits out its gate).
+            let mut a = gated_for(&dir, 1, &ran, 1);
+            let mut b = gated_for(&dir, 1, &ran, 1);
+            std::thread::sleep(std::time::Duration::from_millis(100));
+            std::fs::write(dir.join("gate"), GATE_CONTENT).unwrap();
+            let mut codes = [a.wait().unwrap().code(), b.wait().unwrap().code()];
+            codes.sort();
+            assert!(matches!(codes, [Some(0), Some(CANCELLED_EXIT | GATE_TIMEOUT_EXIT)]), "{codes:?}");
+            assert_eq!(std::fs::read_to_string(&ran).unwrap(), "ran\n");
+        }
+        std::fs::remove_dir_all(&dir).ok();
+    }
+
+    #[test]
+    fn the_script_begins_with_its_attempt() {
+        let c = Command { command: "true", args: &[], cwd: None, env: &[] };
+        let g = Gate { gate_path: "/tmp/g", stdin_path: None, timeout_s: 1, attempt: 2 };
+        assert!(command_script(&c, Some(&g)).unwrap().starts_with(&attempt_prefix(2)));
     }
 }

@@ -162,8 +162,11 @@ async fn leftover_background_child_is_reported_and_ended_when_asked() {
             execute(&cfg(&emu, json!({ "leftoverProcesses": "terminate" })), &params(&sb, script), Abort::new(), None)
                 .await
                 .unwrap();
-        assert_eq!(r.tree_exited, Some(false));
+        // The leftover was ended and the DELETE said the tree exited: the whole tree is gone.
+        assert_eq!(r.tree_exited, Some(true));
         assert_eq!(count(&emu, "deleteProcess"), 1);
+        let deleted = emu.requests().into_iter().find(|q| q.route == "deleteProcess").unwrap();
+        assert_eq!(deleted.status, 200);
     })
     .await;
 }

@@ -27,6 +27,8 @@ fn log(emu: &Emulator) -> Vec<String> {
         .filter(|r| r.received_ms.is_some())
         .map(|r| match r.route {
             "deleteProcess" | "wait" | "listProcesses" => format!("{} {} {} {}", r.method, r.route, r.query, r.status),
+            // The cancel file (see `script::cancel_path`) apart from the gate and the stdin.
+            "putFile" if r.query.contains(".cancelled") => format!("{} putFile cancel {}", r.method, r.status),
             _ => format!("{} {} {}", r.method, r.route, r.status),
         })
         .collect()
@@ -119,8 +121,8 @@ async fn a_hanging_file_clear_never_delays_a_proven_verdict() {
     with_emulator(unlimited(), |emu| async move {
         let sb = emu.create_sandbox_now();
         // The abort comes while the creation's answer is on its way: the gate never opens, so
-        // the staged stdin stays behind and is cleared. Whatever would clear it hangs (the
-        // old code's `/exec rm`, and the upload over it after the staging).
+        // the staged stdin stays behind and is removed after the verdict. The removal hangs
+        // (and so would an upload over the file).
         fault(&emu, json!({ "route": "createProcess", "times": 1, "action": { "kind": "delay", "ms": 500 } }));
         fault(&emu, json!({ "route": "putFile", "skip": 1, "action": { "kind": "delay", "ms": 60000 } }));
         fault(&emu, json!({ "route": "exec", "action": { "kind": "delay", "ms": 60000 } }));
@@ -134,23 +136,22 @@ async fn a_hanging_file_clear_never_delays_a_proven_verdict() {
         // A timeout whose tree was ended and proven gone says so.
         assert_eq!(r.tree_exited, Some(true));
         assert_nothing_alive(&emu).await;
-        // The clear still goes out, after the proof, and starts no process. (Only requests
-        // that arrived in full count: the gate's held upload, abandoned unsent, is a putFile
-        // record too.)
-        let arrived_puts = |l: &[String]| l.iter().filter(|x| x.starts_with("PUT putFile")).count();
+        // The removal still goes out, after the proof (one buffered `rm`, here held by the
+        // server), and nothing else does.
         for _ in 0..150 {
-            if arrived_puts(&log(&emu)) >= 2 {
+            if log(&emu).iter().any(|x| x.starts_with("POST exec")) {
                 break;
             }
             tokio::time::sleep(Duration::from_millis(20)).await;
         }
         let l = log(&emu);
         let delete = l.iter().position(|x| x.starts_with("DELETE deleteProcess")).expect("a DELETE");
+        let exec = l.iter().position(|x| x.starts_with("POST exec")).expect("the removal");
+        assert!(delete < exec, "{l:?}");
         let puts: Vec<usize> =
             l.iter().enumerate().filter(|(_, x)| x.starts_with("PUT putFile")).map(|(i, _)| i).collect();
-        assert_eq!(puts.len(), 2, "the staging and the clear: {l:?}");
-        assert!(puts[0] < delete && delete < puts[1], "{l:?}");
-        assert_eq!(count(&emu, "exec"), 0);
+        assert_eq!(puts.len(), 1, "the staging only: {l:?}");
+        assert!(puts[0] < delete, "{l:?}");
         assert!(emu.live_pids().is_empty(), "no process of the call after its verdict");
     })
     .await;
@@ -174,8 +175,8 @@ async fn an_abort_while_the_creation_hangs_gets_its_verdict_within_the_deadline(
         let l = log(&emu);
         assert_eq!(
             l,
-            vec!["POST createProcess 0", "GET listProcesses limit=500&offset=0 200"],
-            "still unanswered; the list proved nothing of it runs"
+            vec!["POST createProcess 0", "GET listProcesses limit=500&offset=0 200", "PUT putFile cancel 200"],
+            "still unanswered; the list proved nothing of it runs, and the attempt is cancelled"
         );
         assert_eq!(count(&emu, "connect"), 0);
     })
@@ -388,7 +389,15 @@ async fn a_creation_lost_before_any_answer_is_sent_again_once_the_list_proves_no
         let r = execute(&c, &params(&sb, "echo hi"), Abort::new(), None).await.unwrap();
         assert_eq!((r.exit_code, r.stdout.to_string().as_str()), (Some(0), "hi\n"));
         let l = log(&emu);
-        assert_eq!(&l[..3], &["POST createProcess 0", "GET listProcesses limit=500&offset=0 200", "POST createProcess 201"]);
+        assert_eq!(
+            &l[..4],
+            &[
+                "POST createProcess 0",
+                "GET listProcesses limit=500&offset=0 200",
+                "PUT putFile cancel 200",
+                "POST createProcess 201"
+            ]
+        );
         // Handled, then the connection closes: the list finds it, it is ended, and sent again.
         emu.clear_requests();
         fault(&emu, json!({ "route": "createProcess", "times": 1, "action": { "kind": "dropConnection", "afterHandler": true } }));
@@ -396,11 +405,12 @@ async fn a_creation_lost_before_any_answer_is_sent_again_once_the_list_proves_no
         assert_eq!((r.exit_code, r.stdout.to_string().as_str()), (Some(0), "again\n"));
         let l = log(&emu);
         assert_eq!(
-            &l[..4],
+            &l[..5],
             &[
                 "POST createProcess 0",
                 "GET listProcesses limit=500&offset=0 200",
                 "DELETE deleteProcess grace_ms=1000 200",
+                "PUT putFile cancel 200",
                 "POST createProcess 201"
             ]
         );
