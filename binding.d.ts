@@ -31,7 +31,7 @@ export interface DestroyOutcome {
  * Destroys a sandbox and confirms it gone; resolves the receipt
  * `{ providerLeaseId, state: 'destroyed' }`.
  */
-export declare function destroySandboxNative(client: object, sandboxId: string, onDiag?: ((channel: string, event: object) => void) | undefined | null): Promise<DestroyOutcome>
+export declare function destroySandboxNative(client: object, sandboxId: string, onDiag?: ((channel: string, event: object) => void) | undefined | null, transport?: ((call: FetchCall) => Promise<FetchReply>) | undefined | null): Promise<DestroyOutcome>
 
 /**
  * Ends this environment's in-flight calls (each is cancelled and runs its cleanup) and waits
@@ -41,7 +41,7 @@ export declare function destroySandboxNative(client: object, sandboxId: string, 
 export declare function endInFlightCalls(): void
 
 /** Runs a command through a managed process (see `execute.rs`). */
-export declare function executeNative(client: object, params: object, cancel: CancelHandle, onLog?: ((stream: string, text: string) => void) | undefined | null, onDiag?: ((channel: string, event: object) => void) | undefined | null): Promise<ExecuteOutcome>
+export declare function executeNative(client: object, params: object, cancel: CancelHandle, onLog?: ((stream: string, text: string) => void) | undefined | null, onDiag?: ((channel: string, event: object) => void) | undefined | null, transport?: ((call: FetchCall) => Promise<FetchReply>) | undefined | null): Promise<ExecuteOutcome>
 
 /** r" What `executeNative` and `executeStreamNative` resolve with. */
 export interface ExecuteOutcome {
@@ -52,7 +52,36 @@ export interface ExecuteOutcome {
 }
 
 /** Runs a command through `/exec?stream=true`. */
-export declare function executeStreamNative(client: object, params: object, cancel: CancelHandle, onLog?: ((stream: string, text: string) => void) | undefined | null, onDiag?: ((channel: string, event: object) => void) | undefined | null): Promise<ExecuteOutcome>
+export declare function executeStreamNative(client: object, params: object, cancel: CancelHandle, onLog?: ((stream: string, text: string) => void) | undefined | null, onDiag?: ((channel: string, event: object) => void) | undefined | null, transport?: ((call: FetchCall) => Promise<FetchReply>) | undefined | null): Promise<ExecuteOutcome>
+
+/**
+ * One call into the bridge: `fetch` starts an exchange, `read` takes its next body chunk,
+ * `cancel` aborts it (its AbortController; the body is cancelled).
+ */
+export interface FetchCall {
+  op: 'fetch' | 'read' | 'cancel'
+  id: number
+  method?: string
+  url?: string
+  /** Names and values in turn, in the order they are sent. */
+  headers?: Array<string>
+  body?: string | Buffer | null
+  /** The deadline for the answer's head (a backstop: Rust enforces it too). */
+  timeoutMs?: number
+}
+
+/**
+ * The bridge's answer: for `fetch`, the head (`status`, `headers` as names and values in
+ * turn) or `error` (`'not-sent' | 'lost' | 'redirect' | 'untrusted' | 'proxy-refused'`, with
+ * `status` for a proxy's refusal); for `read`, a `chunk`, or `done`, or `error: 'broken'`.
+ */
+export interface FetchReply {
+  error?: string
+  status?: number
+  headers?: Array<string>
+  chunk?: Buffer
+  done?: boolean
+}
 
 /** r" What `followProcessNative` resolves with. */
 export interface FollowOutcome {
@@ -66,7 +95,7 @@ export interface FollowOutcome {
  * Follows a process the host created; `onEvent('connected')` on every attach,
  * `onEvent(stream, bytes)` for output.
  */
-export declare function followProcessNative(client: object, sandboxId: string, processId: string, cancel: CancelHandle, onEvent: (kind: string, data?: Buffer | null) => void, onDiag?: ((channel: string, event: object) => void) | undefined | null): Promise<FollowOutcome>
+export declare function followProcessNative(client: object, sandboxId: string, processId: string, cancel: CancelHandle, onEvent: (kind: string, data?: Buffer | null) => void, onDiag?: ((channel: string, event: object) => void) | undefined | null, transport?: ((call: FetchCall) => Promise<FetchReply>) | undefined | null): Promise<FollowOutcome>
 
 /** One step of a cleanup, recovery or sandbox destruction: fixed words and numbers only. */
 export interface NativeAttempt {

@@ -88,6 +88,16 @@ export interface CreateosConfigLike {
    * bundle named by `NODE_EXTRA_CA_CERTS` and, with `NODE_USE_SYSTEM_CA=1`, the system store.
    */
   caCertPem?: string | null
+  /**
+   * Which transport carries this client's requests. Unset: the native client, unless at the
+   * time of the call `globalThis.fetch` is not Node's own (a stub, a wrapper, a tracer) or
+   * the host installed its own undici global dispatcher (`setGlobalDispatcher`: a MockAgent, a
+   * ProxyAgent, an Agent with client certificates); then the host's `fetch`, with the request
+   * shapes of the TypeScript module, and one `CREATEOS_TRANSPORT_FETCH` warning per process.
+   * `'native'` or `'fetch'` forces one. Through `fetch`, `proxy` and `caCertPem` are the host's
+   * fetch's business and are not applied.
+   */
+  transport?: 'native' | 'fetch' | null
 }
 
 /** The host's `CreateosClient`, or a plain `{ config, apiKey }`. */

@@ -10,6 +10,7 @@
 //   lib/cancel.js       AbortSignal → native CancelHandle; in-flight calls at process exit
 //   lib/diagnostics.js  the diagnostics_channel channels
 //   lib/frames.js       processEvents (NDJSON frames of a fetch Response body)
+//   lib/fetch-transport.js  which transport a call uses; the bridge to the host's fetch
 
 const { native } = require('./lib/native.js')
 const {
@@ -21,13 +22,15 @@ const { nativeParams, guardLog, requireString, requireId, requireFunction, NUL_I
 const { withCancel } = require('./lib/cancel.js')
 const { diagnosticsCallback } = require('./lib/diagnostics.js')
 const { processEvents } = require('./lib/frames.js')
+const { transportFor } = require('./lib/fetch-transport.js')
 
 async function execute(client, params, signal, log) {
   const c = nativeClient(client)
   const p = nativeParams(params)
   const onLog = guardLog(log)
   const onDiag = diagnosticsCallback()
-  return unwrap(await withCancel(signal, (handle) => native.executeNative(c, p, handle, onLog, onDiag)))
+  const transport = transportFor(c.transport)
+  return unwrap(await withCancel(signal, (handle) => native.executeNative(c, p, handle, onLog, onDiag, transport)))
 }
 
 async function executeStream(client, params, signal, log) {
@@ -35,7 +38,8 @@ async function executeStream(client, params, signal, log) {
   const p = nativeParams(params)
   const onLog = guardLog(log)
   const onDiag = diagnosticsCallback()
-  return unwrap(await withCancel(signal, (handle) => native.executeStreamNative(c, p, handle, onLog, onDiag)))
+  const transport = transportFor(c.transport)
+  return unwrap(await withCancel(signal, (handle) => native.executeStreamNative(c, p, handle, onLog, onDiag, transport)))
 }
 
 async function followProcess(client, sandboxId, processId, signal, onData, onConnected) {
@@ -44,6 +48,7 @@ async function followProcess(client, sandboxId, processId, signal, onData, onCon
   requireId(processId, 'processId', 'process')
   requireFunction(onData, 'onData')
   requireFunction(onConnected, 'onConnected', true)
+  const transport = transportFor(c.transport)
   // As in the TypeScript module, a throwing onData/onConnected ends the follow
   // with that error; the native side is cancelled so it stops reading at once.
   let callbackError
@@ -69,7 +74,7 @@ async function followProcess(client, sandboxId, processId, signal, onData, onCon
         fail(error)
       }
     }
-    return native.followProcessNative(c, sandboxId, processId, handle, onEvent, diagnosticsCallback())
+    return native.followProcessNative(c, sandboxId, processId, handle, onEvent, diagnosticsCallback(), transport)
   })
   if (failed) {
     emitWarnings(outcome)
@@ -100,7 +105,8 @@ async function waitForRequest(apiUrl, signal) {
 async function destroySandbox(client, sandboxId) {
   const c = nativeClient(client)
   requireId(sandboxId, 'sandboxId', 'sandbox')
-  return unwrap(await native.destroySandboxNative(c, sandboxId, diagnosticsCallback()))
+  const transport = transportFor(c.transport)
+  return unwrap(await native.destroySandboxNative(c, sandboxId, diagnosticsCallback(), transport))
 }
 
 function shellQuote(value) {

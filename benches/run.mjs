@@ -3,7 +3,7 @@
 // local emulator. Prints the machine, a table (median of N runs with min/max)
 // and writes bench-results/latest.json.
 //
-//   node benches/run.mjs [--quick] [--runs N] [--sections 1,2,3,4,5,6,7,8,9,10]
+//   node benches/run.mjs [--quick] [--runs N] [--sections 1,2,3,4,5,6,7,8,9,10,11]
 //                        [--emulator child|inproc|both] [--baseline build|auto|skip]
 //                        [--out FILE]
 //
@@ -37,6 +37,10 @@
 // victim was killable), survivors (the emulator's live pids once all settled), the verdict
 // after the timeout (p50/p99/max against the deadline) and the echos' throughput.
 //
+// §11 (transports, benches/transport.mjs) runs 256 MiB (--quick: 16 MiB) end to end and a warm
+// echo with the native client and with the host's fetch (`transport: 'fetch'`), a fresh node
+// process per run: MB/s, peak RSS above idle, echo wall time.
+//
 // Nothing here asserts timings: the machine may be noisy. Targets are printed beside
 // the numbers for the reader.
 import { execFile, execFileSync, fork, spawn } from 'node:child_process'
@@ -48,6 +52,7 @@ import { promisify } from 'node:util'
 import { api, startEmu } from './lib/emu.mjs'
 import { pidsOf, startScanner } from './lib/procscan.mjs'
 import { fmt, renderTable, stats } from './lib/stats.mjs'
+import { transports } from './transport.mjs'
 
 const require = createRequire(import.meta.url)
 const { loadLib, ROOT } = require('./lib/load.cjs')
@@ -79,7 +84,7 @@ function parseArgs(argv) {
       case '--baseline': o.baseline = val(); break
       case '--out': o.out = val(); break
       case '-h': case '--help':
-        process.stdout.write('usage: node benches/run.mjs [--quick] [--runs N] [--sections 1,2,3,4,5,6,7,8,9,10] [--emulator child|inproc|both] [--baseline build|auto|skip] [--out FILE]\n')
+        process.stdout.write('usage: node benches/run.mjs [--quick] [--runs N] [--sections 1,2,3,4,5,6,7,8,9,10,11] [--emulator child|inproc|both] [--baseline build|auto|skip] [--out FILE]\n')
         process.exit(0)
         break
       default: throw new Error(`unknown argument ${a}`)
@@ -92,7 +97,7 @@ function parseArgs(argv) {
   return {
     ...o,
     runs: o.runs ?? (q ? 3 : 5),
-    sections: o.sections ?? new Set(['1', '2', '3', '4', '5', '6', '7', '8', '9', '10']),
+    sections: o.sections ?? new Set(['1', '2', '3', '4', '5', '6', '7', '8', '9', '10', '11']),
     emulator: o.emulator ?? (q ? 'child' : 'both'),
     baseline: o.baseline ?? (q ? 'auto' : 'build'),
     out: o.out ?? join(ROOT, 'bench-results', q ? 'quick.json' : 'latest.json'),
@@ -100,6 +105,8 @@ function parseArgs(argv) {
     smallFrame: { mib: q ? 1 : 16, frameBytes: 1024 },
     memoryMiB: q ? 32 : 1024,
     binaryMiB: q ? 8 : 64,
+    // §11: the native client and the host's fetch (benches/transport.mjs).
+    transportMiB: q ? 16 : 256,
     concurrency: q ? 5 : 20,
     holdMs: q ? 1000 : 2000,
     wan: {
@@ -1102,6 +1109,7 @@ async function main() {
     if (opts.sections.has('8')) results.sharedPacing = await sharedPacing(opts)
     if (opts.sections.has('9')) results.binaryOutput = await binaryOutput(opts)
     if (opts.sections.has('10')) results.saturation = await saturation(opts)
+    if (opts.sections.has('11')) results.transports = await transports(opts, { emulator, row, note, log, root: ROOT })
   } finally {
     survivors = await closeAll()
   }

@@ -26,6 +26,8 @@ const CONFIG_FIELDS = Object.freeze([
   'streamIdleTimeoutMs',
   'proxy',
   'caCertPem',
+  // Read by lib/fetch-transport.js (which transport carries the requests); native ignores it.
+  'transport',
   // Test hook: honoured only by a build with the `test-hooks` feature.
   '__panicAt',
 ])

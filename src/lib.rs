@@ -17,7 +17,7 @@ use std::time::{Duration, Instant};
 
 use futures_util::FutureExt;
 use napi::bindgen_prelude::*;
-use napi::threadsafe_function::ThreadsafeFunction;
+use napi::threadsafe_function::{ThreadsafeFunction, ThreadsafeFunctionCallMode};
 use napi_derive::napi;
 use serde_json::{json, Value};
 use tokio::sync::{mpsc, oneshot};
@@ -29,6 +29,9 @@ use createos_execute_core::events::{Event, EventSink};
 use createos_execute_core::execute::{self, ExecuteResult, FollowEvent};
 use createos_execute_core::output::{self, LogLine, Text};
 use createos_execute_core::script;
+use createos_execute_core::transport::{
+    BodyBroken, Bytes, HostBody, HostFetch, HostRequest, HostResponse, HostStream, SendError,
+};
 
 /// `log(stream, text)`: weak (does not keep Node alive), errors handled by the caller's wrapper.
 /// The text goes as UTF-16 when it is not ASCII: converted here, on a worker thread, so the JS
@@ -55,6 +58,11 @@ type EventFn =
 /// `onDiag(channel, event)`: channel is `request` or `cleanup` (index.js publishes on
 /// `createos-execute:<channel>`). Passed only while someone subscribes.
 type DiagFn = ThreadsafeFunction<FnArgs<(String, Value)>, (), FnArgs<(String, Value)>, Status, false, true>;
+/// `transport(call)`: the host-`fetch` bridge of `lib/fetch-transport.js`, passed only when
+/// a call's requests go through the host's `fetch`. Weak: an exchange in flight keeps Node
+/// alive by its own handles (the host's sockets, the call's promise).
+type FetchFn = ThreadsafeFunction<FetchCall, Promise<FetchReply>, FetchCall, Status, false, true>;
+
 /// Events waiting for the JS thread; more are dropped (observability never slows a command).
 const EVENT_QUEUE: usize = 1024;
 
@@ -539,6 +547,192 @@ fn event_sink(on_diag: Option<DiagFn>, gone: Abort) -> (Option<EventSink>, Optio
     (Some(sink), Some(EventForwarder { done, task }))
 }
 
+// ---------------------------------------------------------------------------
+// The host's `fetch` (see `crates/core/src/transport.rs`): each exchange is an id the bridge
+// in `lib/fetch-transport.js` keeps with its AbortController and body reader.
+
+/// One call into the bridge: `fetch` starts an exchange, `read` takes its next body chunk,
+/// `cancel` aborts it (its AbortController; the body is cancelled).
+#[napi(object)]
+pub struct FetchCall {
+    #[napi(ts_type = "'fetch' | 'read' | 'cancel'")]
+    pub op: String,
+    pub id: u32,
+    pub method: Option<String>,
+    pub url: Option<String>,
+    /// Names and values in turn, in the order they are sent.
+    pub headers: Option<Vec<String>>,
+    #[napi(ts_type = "string | Buffer | null")]
+    pub body: Option<Either<String, Buffer>>,
+    /// The deadline for the answer's head (a backstop: Rust enforces it too).
+    pub timeout_ms: Option<f64>,
+}
+
+/// The bridge's answer: for `fetch`, the head (`status`, `headers` as names and values in
+/// turn) or `error` (`'not-sent' | 'lost' | 'redirect' | 'untrusted' | 'proxy-refused'`, with
+/// `status` for a proxy's refusal); for `read`, a `chunk`, or `done`, or `error: 'broken'`.
+#[napi(object)]
+pub struct FetchReply {
+    pub error: Option<String>,
+    pub status: Option<u32>,
+    pub headers: Option<Vec<String>>,
+    pub chunk: Option<Buffer>,
+    pub done: Option<bool>,
+}
+
+/// The most header lines of an answer that are kept (the client reads `Retry-After`).
+const MAX_HOST_HEADERS: usize = 64;
+/// The longest header value kept.
+const MAX_HOST_HEADER_VALUE: usize = 8192;
+
+struct JsFetch {
+    f: std::sync::Arc<FetchFn>,
+    next: std::sync::atomic::AtomicU32,
+    /// The call's environment is going away: JS can run nothing more.
+    gone: Abort,
+}
+
+/// Aborts an exchange on the JS side when dropped before it ended.
+struct CancelOnDrop {
+    f: std::sync::Arc<FetchFn>,
+    id: u32,
+    armed: bool,
+}
+
+impl CancelOnDrop {
+    /// The exchange ended on the JS side: nothing to cancel.
+    fn disarm(&mut self) {
+        self.armed = false;
+    }
+}
+
+impl Drop for CancelOnDrop {
+    fn drop(&mut self) {
+        if self.armed {
+            let _ = self.f.call(fetch_call("cancel", self.id), ThreadsafeFunctionCallMode::NonBlocking);
+        }
+    }
+}
+
+fn fetch_call(op: &str, id: u32) -> FetchCall {
+    FetchCall { op: op.to_owned(), id, method: None, url: None, headers: None, body: None, timeout_ms: None }
+}
+
+fn send_error(kind: Option<&str>, status: Option<u32>) -> SendError {
+    match kind {
+        Some("not-sent") => SendError::NotSent,
+        Some("redirect") => SendError::Redirect,
+        Some("untrusted") => SendError::Untrusted,
+        Some("proxy-refused") => SendError::ProxyRefused(status.and_then(|s| u16::try_from(s).ok())),
+        _ => SendError::Lost,
+    }
+}
+
+/// Calls the bridge and waits for its answer; `None` when it failed or threw (nothing of
+/// what it threw is kept: it may hold the URL).
+async fn bridge(f: &FetchFn, call: FetchCall) -> Option<FetchReply> {
+    f.call_async_catch(call).await.ok()?.await.ok()
+}
+
+impl HostFetch for JsFetch {
+    fn usable(&self) -> bool {
+        !self.gone.is_aborted()
+    }
+
+    fn fetch(
+        &self,
+        req: HostRequest,
+    ) -> std::pin::Pin<Box<dyn std::future::Future<Output = std::result::Result<HostResponse, SendError>> + Send>> {
+        let id = self.next.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let f = std::sync::Arc::clone(&self.f);
+        let gone = self.gone.clone();
+        Box::pin(async move {
+            let mut headers = Vec::with_capacity(req.headers.len() * 2);
+            for (k, v) in req.headers {
+                headers.push(k.to_owned());
+                headers.push(v);
+            }
+            let body = match req.body {
+                HostBody::None => None,
+                HostBody::Text(t) => Some(Either::A(t)),
+                HostBody::Bytes(b) => Some(Either::B(Buffer::from(b.to_vec()))),
+            };
+            #[allow(clippy::cast_precision_loss)]
+            let call = FetchCall {
+                op: "fetch".to_owned(),
+                id,
+                method: Some(req.method.to_owned()),
+                url: Some(req.url),
+                headers: Some(headers),
+                body,
+                timeout_ms: req.timeout.map(|t| t.as_millis() as f64),
+            };
+            let mut guard = CancelOnDrop { f: std::sync::Arc::clone(&f), id, armed: true };
+            let reply = tokio::select! {
+                r = bridge(&f, call) => r.ok_or(SendError::Lost)?,
+                () = gone.aborted() => return Err(SendError::Lost),
+            };
+            if reply.error.is_some() {
+                guard.disarm(); // the bridge already let go of it
+                return Err(send_error(reply.error.as_deref(), reply.status));
+            }
+            let status = reply.status.and_then(|s| u16::try_from(s).ok()).ok_or(SendError::Lost)?;
+            let mut pairs = Vec::new();
+            for kv in reply.headers.unwrap_or_default().chunks_exact(2).take(MAX_HOST_HEADERS) {
+                if kv[1].len() <= MAX_HOST_HEADER_VALUE {
+                    pairs.push((kv[0].to_ascii_lowercase(), kv[1].clone()));
+                }
+            }
+            Ok(HostResponse { status, headers: pairs, body: host_body(f, guard, gone) })
+        })
+    }
+}
+
+/// The body of an exchange, pulled one chunk (at most 256 KiB, the bridge's batch) at a time:
+/// nothing is read ahead of the consumer but the bridge's own small buffer.
+fn host_body(f: std::sync::Arc<FetchFn>, guard: CancelOnDrop, gone: Abort) -> HostStream {
+    struct State {
+        f: std::sync::Arc<FetchFn>,
+        guard: CancelOnDrop,
+        gone: Abort,
+        ended: bool,
+    }
+    let state = State { f, guard, gone, ended: false };
+    Box::pin(futures_util::stream::unfold(state, |mut st| async move {
+        if st.ended {
+            return None;
+        }
+        let reply = tokio::select! {
+            r = bridge(&st.f, fetch_call("read", st.guard.id)) => r,
+            () = st.gone.aborted() => None,
+        };
+        let item = match reply {
+            Some(FetchReply { chunk: Some(c), .. }) => Ok(Bytes::from_owner(c)),
+            Some(FetchReply { done: Some(true), .. }) => {
+                st.guard.disarm();
+                return None;
+            }
+            Some(FetchReply { error: Some(_), .. }) => {
+                st.guard.disarm();
+                Err(BodyBroken)
+            }
+            _ => Err(BodyBroken),
+        };
+        st.ended = item.is_err();
+        Some((item, st))
+    }))
+}
+
+fn host_fetch(on_fetch: Option<FetchFn>, gone: &Abort) -> Option<std::sync::Arc<dyn HostFetch>> {
+    on_fetch.map(|f| {
+        std::sync::Arc::new(JsFetch {
+            f: std::sync::Arc::new(f),
+            next: std::sync::atomic::AtomicU32::new(1),
+            gone: gone.clone(),
+        }) as std::sync::Arc<dyn HostFetch>
+    })
+}
+
 type Runner =
     fn(
         Config,
@@ -547,6 +741,7 @@ type Runner =
         Option<mpsc::Sender<LogLine>>,
     ) -> std::pin::Pin<Box<dyn std::future::Future<Output = std::result::Result<ExecuteResult, Error>> + Send>>;
 
+#[allow(clippy::too_many_arguments)] // the napi arguments, passed through
 fn run_command<'env>(
     env: &'env Env,
     client: Value,
@@ -554,6 +749,7 @@ fn run_command<'env>(
     cancel: &CancelHandle,
     on_log: Option<LogFn>,
     on_diag: Option<DiagFn>,
+    on_fetch: Option<FetchFn>,
     runner: Runner,
 ) -> Result<PromiseRaw<'env, ExecuteOutcome>> {
     let abort = cancel.abort.clone();
@@ -565,6 +761,7 @@ fn run_command<'env>(
         };
         let (sink, events) = event_sink(on_diag, gone.clone());
         cfg.events = sink;
+        cfg.host_fetch = host_fetch(on_fetch, &gone);
         let (tx, forwarder) = match on_log {
             Some(log) => {
                 let (tx, rx) = mpsc::channel(LOG_QUEUE);
@@ -586,7 +783,7 @@ fn run_command<'env>(
 
 /// Runs a command through a managed process (see `execute.rs`).
 #[napi(
-    ts_args_type = "client: object, params: object, cancel: CancelHandle, onLog?: ((stream: string, text: string) => void) | undefined | null, onDiag?: ((channel: string, event: object) => void) | undefined | null"
+    ts_args_type = "client: object, params: object, cancel: CancelHandle, onLog?: ((stream: string, text: string) => void) | undefined | null, onDiag?: ((channel: string, event: object) => void) | undefined | null, transport?: ((call: FetchCall) => Promise<FetchReply>) | undefined | null"
 )]
 pub fn execute_native<'env>(
     env: &'env Env,
@@ -595,15 +792,16 @@ pub fn execute_native<'env>(
     cancel: &CancelHandle,
     on_log: Option<LogFn>,
     on_diag: Option<DiagFn>,
+    on_fetch: Option<FetchFn>,
 ) -> Result<PromiseRaw<'env, ExecuteOutcome>> {
-    run_command(env, client, params, cancel, on_log, on_diag, |c, p, a, l| {
+    run_command(env, client, params, cancel, on_log, on_diag, on_fetch, |c, p, a, l| {
         Box::pin(async move { execute::execute(&c, &p, a, l).await })
     })
 }
 
 /// Runs a command through `/exec?stream=true`.
 #[napi(
-    ts_args_type = "client: object, params: object, cancel: CancelHandle, onLog?: ((stream: string, text: string) => void) | undefined | null, onDiag?: ((channel: string, event: object) => void) | undefined | null"
+    ts_args_type = "client: object, params: object, cancel: CancelHandle, onLog?: ((stream: string, text: string) => void) | undefined | null, onDiag?: ((channel: string, event: object) => void) | undefined | null, transport?: ((call: FetchCall) => Promise<FetchReply>) | undefined | null"
 )]
 pub fn execute_stream_native<'env>(
     env: &'env Env,
@@ -612,8 +810,9 @@ pub fn execute_stream_native<'env>(
     cancel: &CancelHandle,
     on_log: Option<LogFn>,
     on_diag: Option<DiagFn>,
+    on_fetch: Option<FetchFn>,
 ) -> Result<PromiseRaw<'env, ExecuteOutcome>> {
-    run_command(env, client, params, cancel, on_log, on_diag, |c, p, a, l| {
+    run_command(env, client, params, cancel, on_log, on_diag, on_fetch, |c, p, a, l| {
         Box::pin(async move { execute::execute_stream(&c, &p, a, l).await })
     })
 }
@@ -621,8 +820,9 @@ pub fn execute_stream_native<'env>(
 /// Follows a process the host created; `onEvent('connected')` on every attach,
 /// `onEvent(stream, bytes)` for output.
 #[napi(
-    ts_args_type = "client: object, sandboxId: string, processId: string, cancel: CancelHandle, onEvent: (kind: string, data?: Buffer | null) => void, onDiag?: ((channel: string, event: object) => void) | undefined | null"
+    ts_args_type = "client: object, sandboxId: string, processId: string, cancel: CancelHandle, onEvent: (kind: string, data?: Buffer | null) => void, onDiag?: ((channel: string, event: object) => void) | undefined | null, transport?: ((call: FetchCall) => Promise<FetchReply>) | undefined | null"
 )]
+#[allow(clippy::too_many_arguments)] // one per napi argument
 pub fn follow_process_native<'env>(
     env: &'env Env,
     client: Value,
@@ -631,6 +831,7 @@ pub fn follow_process_native<'env>(
     cancel: &CancelHandle,
     on_event: EventFn,
     on_diag: Option<DiagFn>,
+    on_fetch: Option<FetchFn>,
 ) -> Result<PromiseRaw<'env, FollowOutcome>> {
     let abort = cancel.abort.clone();
     spawn(env, Some(abort.clone()), |gone| async move {
@@ -642,6 +843,7 @@ pub fn follow_process_native<'env>(
         };
         let (sink, events) = event_sink(on_diag, gone.clone());
         cfg.events = sink;
+        cfg.host_fetch = host_fetch(on_fetch, &gone);
         let (tx, mut rx) = mpsc::channel::<FollowEvent>(LOG_QUEUE);
         let forwarder = tokio::spawn(async move {
             while let Some(ev) = rx.recv().await {
@@ -687,19 +889,22 @@ pub fn wait_for_request_native<'env>(
 /// Destroys a sandbox and confirms it gone; resolves the receipt
 /// `{ providerLeaseId, state: 'destroyed' }`.
 #[napi(
-    ts_args_type = "client: object, sandboxId: string, onDiag?: ((channel: string, event: object) => void) | undefined | null"
+    ts_args_type = "client: object, sandboxId: string, onDiag?: ((channel: string, event: object) => void) | undefined | null, transport?: ((call: FetchCall) => Promise<FetchReply>) | undefined | null"
 )]
 pub fn destroy_sandbox_native<'env>(
     env: &'env Env,
     client: Value,
     sandbox_id: Value,
     on_diag: Option<DiagFn>,
+    on_fetch: Option<FetchFn>,
 ) -> Result<PromiseRaw<'env, DestroyOutcome>> {
     spawn(env, None, |gone| async move {
+        let host = host_fetch(on_fetch, &gone);
         let (sink, events) = event_sink(on_diag, gone);
         let r = async {
             let mut cfg = config::parse_config(&client)?;
             cfg.events = sink;
+            cfg.host_fetch = host;
             let sb = config::sandbox_id(Some(&sandbox_id))?;
             execute::destroy_sandbox(&cfg, &sb).await?;
             Ok(NativeTerminationReceipt { provider_lease_id: sb, state: "destroyed".to_owned() })

@@ -19,7 +19,7 @@ use std::time::Duration;
 
 use bytes::Bytes;
 use futures_util::StreamExt;
-use reqwest::header::{HeaderValue, CONTENT_TYPE, RETRY_AFTER};
+use reqwest::header::{HeaderValue, CONTENT_TYPE};
 use reqwest::{Method, StatusCode};
 use secrecy::{ExposeSecret, SecretString};
 use serde_json::{Map, Value};
@@ -30,6 +30,7 @@ use crate::error::{Error, Operation, Result};
 use crate::events::{self, Event, EventSink, RequestEvent};
 use crate::net;
 use crate::pacer::{self, Pacer, PacingConfig};
+use crate::transport::{self, HostFetch, Payload, Response, SendError, Transport};
 
 pub const MAX_RETRIES: u32 = 3;
 /// The largest JSON answer read (a process list of many records fits easily).
@@ -96,7 +97,7 @@ pub fn is_identifier(s: &str) -> bool {
 }
 
 pub struct Client {
-    http: reqwest::Client,
+    transport: Transport,
     base: String,
     key: SecretString,
     pacer: Arc<Pacer>,
@@ -119,7 +120,7 @@ impl Client {
         let target = url::Url::parse(&origin).map_err(|_| Error::Input(INVALID_URL))?;
         let proxy = net::choose_proxy(net_opts.proxy.as_ref(), net::NetEnv::process(), &target)?;
         Ok(Client {
-            http: net::http_client(proxy.as_ref(), net_opts.ca_cert_pem.as_deref())?,
+            transport: Transport::Native(net::http_client(proxy.as_ref(), net_opts.ca_cert_pem.as_deref())?),
             pacer: pacer::for_budget(&origin, pacing),
             base: format!("{origin}/v1"),
             key: SecretString::from(api_key.to_owned()),
@@ -132,6 +133,15 @@ impl Client {
     #[must_use]
     pub fn with_events(mut self, events: Option<EventSink>) -> Self {
         self.events = events;
+        self
+    }
+
+    /// The client over the host's `fetch` (see `transport.rs`); `None` keeps the native one.
+    #[must_use]
+    pub fn with_host_fetch(mut self, host: Option<Arc<dyn HostFetch>>) -> Self {
+        if let (Some(h), Transport::Native(native)) = (host, &self.transport) {
+            self.transport = Transport::Host(h, native.clone());
+        }
         self
     }
 
@@ -198,8 +208,8 @@ impl Client {
         Ok(v)
     }
 
-    /// Sends one request (already paced) and maps the status. `timeout` bounds the arrival
-    /// of the answer's head; `None` = only the context bounds it.
+    /// Sends one request (already paced) over the transport and maps the status. `timeout`
+    /// bounds the arrival of the answer's head; `None` = only the context bounds it.
     async fn transmit(
         &self,
         op: Operation,
@@ -208,17 +218,17 @@ impl Client {
         body: &Body,
         ctx: &Ctx,
         timeout: Option<Duration>,
-    ) -> Result<reqwest::Response> {
-        let mut req =
-            self.http.request(method.clone(), format!("{}{}", self.base, path)).header("X-Api-Key", self.key_header()?);
-        req = match body {
-            Body::Empty => req,
-            Body::Json(v) => req
-                .header(CONTENT_TYPE, "application/json")
-                .body(serde_json::to_vec(v).map_err(|_| Error::Internal("a request body could not be encoded"))?),
-            Body::Bytes(b) => req.header(CONTENT_TYPE, "application/octet-stream").body(b.clone()),
+    ) -> Result<Response> {
+        let payload = match body {
+            Body::Empty => Payload::Empty,
+            Body::Json(v) => Payload::Json(
+                serde_json::to_vec(v).map_err(|_| Error::Internal("a request body could not be encoded"))?.into(),
+            ),
+            Body::Bytes(b) => Payload::Octets(b.clone()),
         };
-        let send = async { req.send().await.map_err(|e| send_error(&e, op)) };
+        let req =
+            transport::Request { method, url: format!("{}{}", self.base, path), key: &self.key, payload, timeout };
+        let send = async { self.transport.send(req).await.map_err(|e| send_error(e, op)) };
         let resp = match timeout {
             Some(t) => {
                 ctx.run(async {
@@ -233,7 +243,7 @@ impl Client {
 
     /// Maps an answer's status: a 2xx is the response; a redirect is refused; a 429 pauses
     /// the origin's pacer for its `Retry-After` before it is returned as the API error.
-    async fn answer(&self, resp: reqwest::Response, op: Operation) -> Result<reqwest::Response> {
+    async fn answer(&self, resp: Response, op: Operation) -> Result<Response> {
         let status = resp.status();
         if status.is_success() {
             return Ok(resp);
@@ -342,7 +352,7 @@ impl Client {
         ctx: &Ctx,
         retry: Retry,
         timeout: Option<Duration>,
-    ) -> Result<reqwest::Response> {
+    ) -> Result<Response> {
         self.send_tracked(op, method, path, body, ctx, retry, timeout, 0, &mut || {}).await.0
     }
 
@@ -364,7 +374,7 @@ impl Client {
         timeout: Option<Duration>,
         attempts_done: u32,
         on_send: &mut (dyn FnMut() + Send),
-    ) -> (Result<reqwest::Response>, bool) {
+    ) -> (Result<Response>, bool) {
         let mut attempt = attempts_done;
         let mut maybe_applied = false;
         loop {
@@ -433,7 +443,7 @@ impl Client {
         body: Body,
         ctx: &Ctx,
         on_send: &mut (dyn FnMut() + Send),
-    ) -> Result<reqwest::Response> {
+    ) -> Result<Response> {
         let timeout = Some(self.request_timeout);
         self.send_tracked(op, method, path, body, ctx, Retry::RateLimitOnly, timeout, 0, on_send).await.0
     }
@@ -494,11 +504,16 @@ impl Client {
         if self.pacer.acquire(ctx).await.is_err() {
             return HeldUpload::Unsent { attempted: false };
         }
+        let http = match &self.transport {
+            Transport::Native(http) => http,
+            Transport::Host(host, http) if !host.usable() => http,
+            // The host's fetch takes a complete body: the request goes out at the release.
+            Transport::Host(..) => return self.put_file_released(url, content, release, ctx, paced).await,
+        };
         let Ok(key) = self.key_header() else { return HeldUpload::Unsent { attempted: false } };
         let sent = Arc::new(std::sync::OnceLock::new());
         let body = HeldBody { len: content.len() as u64, content: Some(content), release, sent: Arc::clone(&sent) };
-        let req = self
-            .http
+        let req = http
             .request(Method::PUT, url)
             .header("X-Api-Key", key)
             .header(CONTENT_TYPE, "application/octet-stream")
@@ -506,8 +521,8 @@ impl Client {
         let started = Instant::now();
         let result = ctx
             .run(async {
-                let resp = req.send().await.map_err(|e| send_error(&e, op))?;
-                self.answer(resp, op).await.map(drop)
+                let resp = req.send().await.map_err(|e| send_error(transport::native_send_error(&e), op))?;
+                self.answer(Response::native(resp), op).await.map(drop)
             })
             .await;
         // The duration counts from the release (the request was complete then), or, for an
@@ -518,6 +533,46 @@ impl Client {
         if sent.get().is_none() {
             return HeldUpload::Unsent { attempted: true };
         }
+        let maybe_written = result.as_ref().err().is_none_or(may_have_applied);
+        HeldUpload::Sent(result, maybe_written)
+    }
+
+    /// [`Client::put_file_held`] over the host's `fetch`: waits (already paced) for the
+    /// release, then sends the whole upload. Never released = never sent.
+    async fn put_file_released(
+        &self,
+        url: String,
+        content: Bytes,
+        release: tokio::sync::oneshot::Receiver<()>,
+        ctx: &Ctx,
+        paced: Option<Instant>,
+    ) -> HeldUpload {
+        let op = Operation::FileTransfer;
+        let started = Instant::now();
+        let released = tokio::select! {
+            biased;
+            () = ctx.abort.aborted() => false,
+            r = release => r.is_ok(),
+        };
+        if !released {
+            return HeldUpload::Unsent { attempted: false };
+        }
+        let sent = Instant::now();
+        let req = transport::Request {
+            method: &Method::PUT,
+            url,
+            key: &self.key,
+            payload: Payload::Octets(content),
+            timeout: Some(self.request_timeout),
+        };
+        let result = ctx
+            .run(async {
+                let resp = self.transport.send(req).await.map_err(|e| send_error(e, op))?;
+                self.answer(resp, op).await.map(drop)
+            })
+            .await;
+        let pacing_wait = paced.map_or(Duration::ZERO, |p| started.saturating_duration_since(p));
+        self.observe_timed(op, &Method::PUT, 1, pacing_wait, sent.elapsed(), result.as_ref().map(|()| 200));
         let maybe_written = result.as_ref().err().is_none_or(may_have_applied);
         HeldUpload::Sent(result, maybe_written)
     }
@@ -613,18 +668,19 @@ fn may_have_applied(err: &Error) -> bool {
     }
 }
 
-/// A failed send: a proxy that refused the tunnel or could not be reached, an untrusted
-/// certificate (nothing was sent in either case), or a lost connection.
-fn send_error(e: &reqwest::Error, op: Operation) -> Error {
-    match net::proxy_failure(e) {
-        Some(net::ProxyFailure::Refused { status }) => return Error::ProxyRefused { op, status },
-        Some(net::ProxyFailure::Unreachable) => return Error::ProxyUnreachable { op },
-        None => {}
+/// A failed send as the error of `op`: a proxy that refused the tunnel or could not be
+/// reached, an untrusted certificate (nothing was sent in either case), a refused redirect,
+/// or a lost connection. The same for both transports.
+fn send_error(e: SendError, op: Operation) -> Error {
+    match e {
+        SendError::ProxyRefused(status) => Error::ProxyRefused { op, status },
+        SendError::ProxyUnreachable => Error::ProxyUnreachable { op },
+        SendError::Untrusted => Error::UntrustedCertificate { op },
+        SendError::Redirect => Error::Redirect { op },
+        SendError::BadKey => Error::Input(INVALID_KEY),
+        SendError::NotSent => Error::Connection { op, maybe_sent: false },
+        SendError::Lost => Error::Connection { op, maybe_sent: true },
     }
-    if net::is_untrusted_certificate(e) {
-        return Error::UntrustedCertificate { op };
-    }
-    Error::Connection { op, maybe_sent: !e.is_connect() }
 }
 
 fn method_label(method: &Method) -> &'static str {
@@ -670,17 +726,12 @@ pub fn parse_retry_after(v: &str) -> Option<Duration> {
     Some(when.duration_since(std::time::SystemTime::now()).unwrap_or(Duration::ZERO).min(MAX_RETRY_AFTER))
 }
 
-fn retry_after(resp: &reqwest::Response) -> Option<Duration> {
-    parse_retry_after(resp.headers().get(RETRY_AFTER)?.to_str().ok()?)
+fn retry_after(resp: &Response) -> Option<Duration> {
+    parse_retry_after(resp.header("retry-after")?)
 }
 
 /// Reads a JSON answer (bounded in size and time) and returns its JSend `data`.
-async fn read_envelope(
-    resp: reqwest::Response,
-    op: Operation,
-    ctx: &Ctx,
-    left: Duration,
-) -> Result<Map<String, Value>> {
+async fn read_envelope(resp: Response, op: Operation, ctx: &Ctx, left: Duration) -> Result<Map<String, Value>> {
     let left = left.max(Duration::from_millis(1));
     let bytes = ctx
         .run(async {
@@ -692,9 +743,9 @@ async fn read_envelope(
     envelope_data(&bytes)
 }
 
-async fn read_limited(resp: reqwest::Response, limit: usize, op: Operation) -> Result<Vec<u8>> {
+async fn read_limited(resp: Response, limit: usize, op: Operation) -> Result<Vec<u8>> {
     let mut out = Vec::new();
-    let mut body = resp.bytes_stream();
+    let mut body = resp.into_body();
     while let Some(chunk) = body.next().await {
         let chunk = chunk.map_err(|_| Error::Connection { op, maybe_sent: true })?;
         if out.len() + chunk.len() > limit {

@@ -63,12 +63,15 @@ pub struct Config {
     pub panic_at: Option<Phase>,
     /// Hears every request attempt and cleanup step (set by the caller, never parsed).
     pub events: Option<EventSink>,
+    /// The host's `fetch`, when requests go through it (set by the caller, never parsed;
+    /// see `transport.rs`). `None`: the native client.
+    pub host_fetch: Option<std::sync::Arc<dyn crate::transport::HostFetch>>,
 }
 
 impl Config {
     pub fn client(&self) -> Result<Client> {
         Client::new(&self.api_url, &self.api_key, self.timeout, &self.pacing, &self.net)
-            .map(|c| c.with_events(self.events.clone()))
+            .map(|c| c.with_events(self.events.clone()).with_host_fetch(self.host_fetch.clone()))
     }
 }
 
@@ -232,6 +235,7 @@ pub fn parse_config(v: &Value) -> Result<Config> {
         follow,
         panic_at,
         events: None,
+        host_fetch: None,
     })
 }
 

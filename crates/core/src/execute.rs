@@ -604,7 +604,7 @@ async fn run_stream(
     let path = format!("/sandboxes/{}/exec?stream=true", params.sandbox_id);
     let resp =
         client.open_stream(Operation::WorkspaceCommand, Method::POST, &path, Body::Json(body), ctx, &mut || {}).await?;
-    let mut bytes = resp.bytes_stream();
+    let mut bytes = resp.into_body();
     let mut lines = LineSplitter::new();
     let idle = cfg.follow.idle_timeout;
     loop {

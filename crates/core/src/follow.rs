@@ -335,7 +335,7 @@ impl Drop for AbortOnDrop {
 /// A reader task receives the body while this task parses and captures (the two overlap,
 /// on two cores); the bounded channel between them keeps backpressure intact.
 async fn read_stream(
-    resp: reqwest::Response,
+    resp: crate::transport::Response,
     cursor: &mut u64,
     ctx: &Ctx,
     sink: &mut impl Sink,
@@ -344,7 +344,7 @@ async fn read_stream(
     let idle = opts.idle_timeout;
     let (tx, mut body) = mpsc::channel(READ_AHEAD);
     let _reader = AbortOnDrop(tokio::spawn(async move {
-        let mut stream = resp.bytes_stream();
+        let mut stream = resp.into_body();
         while let Some(chunk) = stream.next().await {
             let broke = chunk.is_err();
             if tx.send(chunk).await.is_err() || broke {

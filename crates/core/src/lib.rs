@@ -20,3 +20,4 @@ pub mod output;
 pub mod pacer;
 pub mod script;
 pub mod stream;
+pub mod transport;
