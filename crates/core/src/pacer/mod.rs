@@ -201,8 +201,8 @@ impl Drop for Pending<'_> {
 
 /// What a waiter whose slot has come learned.
 enum Next {
-    /// Start now; `here` = decided without the store (it learns of the start later).
-    Start { here: bool },
+    /// Start now.
+    Start,
     /// Wait for this (new) reservation.
     Wait(Held, Instant),
 }
@@ -266,7 +266,7 @@ impl Pacer {
     async fn reserve_in_store(&self, rule: Rule, class: Class, pending: &mut Pending<'_>) -> Instant {
         let local_rule = match self.store() {
             Some(store) => {
-                let member = redis_store::new_member(class);
+                let member = store.member(class);
                 pending.held = Some(Held::Shared(store.clone(), member.clone()));
                 if let Answer::Wait(wait) = store.reserve(&self.key, rule, &member).await {
                     return Instant::now() + wait;
@@ -287,24 +287,30 @@ impl Pacer {
     /// the slot, a pause began after it reserved, or the shared window is full of real starts).
     async fn confirm(&self, held: &Held, rule: Rule, class: Class) -> Next {
         match held {
-            Held::Local(id) => match self.local.confirm(*id, self.local_rule(rule), Instant::now(), class) {
-                None => Next::Start { here: true },
-                Some(at) => Next::Wait(Held::Local(*id), at),
-            },
+            Held::Local(id) => {
+                // Reserved while the store did not answer: once it answers again, the store
+                // decides (it knows what the other processes started meanwhile).
+                if let Some(store) = self.store().filter(|s| !s.is_down()) {
+                    let member = store.member(class);
+                    if let Answer::Wait(wait) = store.reserve(&self.key, rule, &member).await {
+                        return Next::Wait(Held::Shared(store, member), Instant::now() + wait);
+                    }
+                }
+                match self.local.confirm(*id, self.local_rule(rule), Instant::now(), class) {
+                    None => Next::Start,
+                    Some(at) => Next::Wait(Held::Local(*id), at),
+                }
+            }
             Held::Shared(store, member) => match store.confirm(&self.key, rule, member).await {
-                Some(None) => Next::Start { here: false },
+                Some(None) => Next::Start,
                 Some(Some(wait)) => Next::Wait(Held::Shared(store.clone(), member.clone()), Instant::now() + wait),
-                // No answer: the slot the store gave holds, and so does this process's own
-                // pause; the store learns of the start when it answers again.
+                // No answer: this process's own budget decides (its share of the limit, over
+                // the starts it knows of, its pause); the store learns of the start when it
+                // answers again, and the member is given back.
                 None => {
                     store.watch(&self.key, rule);
-                    let now = Instant::now();
-                    if self.local.paused_until().is_some_and(|p| p > now) {
-                        let (id, at) = self.local.reserve_as(store.fallback_rule(&self.key, rule), now, class);
-                        Next::Wait(Held::Local(id), at)
-                    } else {
-                        Next::Start { here: true }
-                    }
+                    let (id, at) = self.local.reserve_as(store.fallback_rule(&self.key, rule), Instant::now(), class);
+                    Next::Wait(Held::Local(id), at)
                 }
             },
         }
@@ -331,7 +337,6 @@ impl Pacer {
         let mut pending = Pending { pacer: self, held: None };
         // A decision can take a connection's bound (a new one); an abort does not wait for it.
         let mut at = ctx.run(async { Ok(self.reserve_in_store(rule, class, &mut pending).await) }).await?;
-        let mut here = false;
         while at > Instant::now() {
             ctx.run(async {
                 tokio::time::sleep_until(at).await;
@@ -341,12 +346,14 @@ impl Pacer {
             let Some(h) = pending.held.as_ref() else { break };
             let next = ctx.run(async { Ok(self.confirm(h, rule, class).await) }).await?;
             match next {
-                Next::Start { here: h } => {
-                    here = h;
-                    break;
-                }
+                Next::Start => break,
                 Next::Wait(h, a) => {
-                    if let (Some(Held::Shared(..)), Held::Local(_)) = (&pending.held, &h) {
+                    // A reservation that moved to the other store is given back.
+                    let moved = matches!(
+                        (&pending.held, &h),
+                        (Some(Held::Shared(..)), Held::Local(_)) | (Some(Held::Local(_)), Held::Shared(..))
+                    );
+                    if moved {
                         if let Some(old) = pending.held.take() {
                             drop(Pending { pacer: self, held: Some(old) });
                         }
@@ -361,12 +368,12 @@ impl Pacer {
             Some(Held::Shared(store, member)) => {
                 // The fallback knows this process's own shared starts.
                 self.local.record(now, rule);
-                store.started(&self.key, &member, now, rule, here);
+                store.started(&self.key, &member, now, rule, false);
             }
             Some(Held::Local(_)) => {
                 if let Some(store) = self.store() {
                     // Decided here: written back to the store when it answers.
-                    store.started(&self.key, &redis_store::new_member(class), now, rule, true);
+                    store.started(&self.key, &store.member(class), now, rule, true);
                 }
             }
             None => {}

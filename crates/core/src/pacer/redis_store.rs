@@ -84,13 +84,17 @@ pub const KEY_PREFIX: &str = "createos-execute:pacing:v1:";
 pub const MAX_OWED: usize = 1024;
 /// Most own starts kept per budget key to tell a store that lost or missed them.
 const MAX_RECENT: usize = 4096;
+/// How often a reservation also measures this client's share of the store's members.
+const SHARE_EVERY: Duration = Duration::from_millis(250);
 /// Most budget keys a store keeps owed releases and recent starts for.
 const MAX_KEYS: usize = 256;
 
 const SCRIPT: &str = r"
--- KEYS[1] starts (sorted set, score = start in µs of server time), KEYS[2] pause (µs)
--- ARGV: op, limit, window µs, member, pause µs, n, n members owed a release, then pairs
--- (member, age µs) of starts this process made that the store may not hold.
+-- KEYS[1] starts (sorted set, score = start in µs of server time), KEYS[2] pause (µs),
+-- KEYS[3] packed (µs: no new work fits anywhere between now and it)
+-- ARGV: op, limit, window µs, member, pause µs (pause) or 1 = measure the share (reserve),
+-- n, n members owed a release, then pairs (member, age µs) of starts this client made that
+-- the store may not hold.
 -- A member's first byte is its class: 'c' (cleanup) or 'n' (new work).
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000000 + tonumber(t[2])
@@ -100,7 +104,17 @@ local window = tonumber(ARGV[3])
 local member = ARGV[4]
 local nowed = tonumber(ARGV[6])
 local function n2s(x) return string.format('%.0f', x) end
-for i = 7, 6 + nowed do redis.call('ZREM', KEYS[1], ARGV[i]) end
+local packed = tonumber(redis.call('GET', KEYS[3]) or '0')
+local packed0 = packed
+-- A member left (or moved from) s: there may be room there again.
+local function opened(s) if s < packed then packed = s end end
+for i = 7, 6 + nowed do
+  local s = redis.call('ZSCORE', KEYS[1], ARGV[i])
+  if s then
+    opened(tonumber(s))
+    redis.call('ZREM', KEYS[1], ARGV[i])
+  end
+end
 redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', n2s(now - window))
 local function paused()
   local p = redis.call('GET', KEYS[2])
@@ -118,55 +132,74 @@ local function above(arr, x)
 end
 local function insert(arr, x) table.insert(arr, above(arr, x), x) end
 -- The earliest moment c >= t0 such that no window [x, x + window) holds c and limit members
--- of arr: limit consecutive members closer than a window exclude (last - window, first + window).
-local function feasible(arr, t0)
-  local c = t0
-  local j = above(arr, t0 - window)
+-- (get(j) = the j-th score, in order, of the members after t0 - window): limit consecutive
+-- members closer than a window exclude (last - window, first + window).
+local function earliest_from(get, t0)
+  local c, j = t0, 1
   while true do
-    local last = arr[j + limit - 1]
+    local last = get(j + limit - 1)
     if last == nil or last - window >= c then return c end
-    local first = arr[j]
+    local first = get(j)
     if last - first < window and c < first + window then c = first + window end
     j = j + 1
   end
 end
--- Members after x, in order: names and scores.
-local function after(x)
-  local r = redis.call('ZRANGEBYSCORE', KEYS[1], '(' .. n2s(x), '+inf', 'WITHSCORES')
-  local names, scores = {}, {}
-  for i = 1, #r, 2 do
-    names[#names + 1] = r[i]
-    scores[#scores + 1] = tonumber(r[i + 1])
+local function feasible(arr, t0)
+  local base = above(arr, t0 - window) - 1
+  return earliest_from(function(j) return arr[base + j] end, t0)
+end
+-- The members after x, fetched as they are read: get(j) = (score, name) of the j-th.
+local function lazy(x)
+  local scores, names, offset, done = {}, {}, 0, false
+  return function(j)
+    while scores[j] == nil and not done do
+      local r = redis.call('ZRANGEBYSCORE', KEYS[1], '(' .. n2s(x), '+inf', 'WITHSCORES', 'LIMIT', offset, 256)
+      for i = 1, #r, 2 do
+        names[#names + 1] = r[i]
+        scores[#scores + 1] = tonumber(r[i + 1])
+      end
+      offset = offset + #r / 2
+      if #r < 512 then done = true end
+    end
+    return scores[j], names[j]
   end
-  return names, scores
 end
 local function touch()
   local last = redis.call('ZRANGE', KEYS[1], -1, -1, 'WITHSCORES')
   if last[2] then
-    redis.call('PEXPIRE', KEYS[1], n2s(math.floor((math.max(tonumber(last[2]), now) - now + window) / 1000) + 1000))
+    local ms = n2s(math.floor((math.max(tonumber(last[2]), now) - now + window) / 1000) + 1000)
+    redis.call('PEXPIRE', KEYS[1], ms)
+    if packed > now then
+      redis.call('SET', KEYS[3], n2s(packed), 'PX', ms)
+    elseif packed0 > now then
+      redis.call('DEL', KEYS[3])
+    end
   end
 end
 -- Members after `changed` may now share a window with too many: each is placed again from its
 -- own slot (never earlier), in order; one a window past every change is as it was.
 local function reflow(changed)
-  local names, scores = after(now - window)
   local arr = {}
-  for i = 1, #names do
-    local s = scores[i]
-    if s <= now then
-      arr[#arr + 1] = s
-    else
-      if s >= changed + window then break end
-      local at = feasible(arr, s)
-      insert(arr, at)
-      if at ~= s then
-        redis.call('ZADD', KEYS[1], n2s(at), names[i])
-        if at > changed then changed = at end
-      end
+  local r = redis.call('ZRANGEBYSCORE', KEYS[1], '(' .. n2s(now - window), n2s(now), 'WITHSCORES')
+  for i = 2, #r, 2 do arr[#arr + 1] = tonumber(r[i]) end
+  local get = lazy(now)
+  local j, moves = 1, {}
+  while true do
+    local s, name = get(j)
+    if s == nil or s >= changed + window then break end
+    local at = feasible(arr, s)
+    insert(arr, at)
+    if at ~= s then
+      moves[#moves + 1] = {name, at}
+      opened(s)
+      if at > changed then changed = at end
     end
+    j = j + 1
   end
+  -- Written once read (the reads page through the set).
+  for _, m in ipairs(moves) do redis.call('ZADD', KEYS[1], n2s(m[2]), m[1]) end
 end
--- Starts this process made that the store may not hold (decided while it did not answer, or
+-- Starts this client made that the store may not hold (decided while it did not answer, or
 -- lost with a restart): counted where they happened, at the latest.
 local changed = nil
 for i = 7 + nowed, #ARGV - 1, 2 do
@@ -174,55 +207,71 @@ for i = 7 + nowed, #ARGV - 1, 2 do
   if s > now - window then
     local e = redis.call('ZSCORE', KEYS[1], ARGV[i])
     if not e or tonumber(e) < s or tonumber(e) > now then
+      if e then opened(tonumber(e)) end
       redis.call('ZADD', KEYS[1], n2s(s), ARGV[i])
       if not changed or s > changed then changed = s end
     end
   end
 end
 if changed then reflow(changed) end
-local own, total = -1, -1
+local own, total, clients = -1, -1, -1
+-- This client's share of the members, this one included (the nonce follows the class byte),
+-- and how many clients hold members.
+local function share(m)
+  local nonce = string.match(m, '^.:([^:]*):')
+  own, total, clients = 1, 1, 1
+  local seen = {}
+  if nonce then seen[nonce] = true end
+  local names = redis.call('ZRANGEBYSCORE', KEYS[1], '(' .. n2s(now - window), '+inf')
+  for i = 1, #names do
+    total = total + 1
+    local n = string.match(names[i], '^.:([^:]*):')
+    if n then
+      if n == nonce then
+        own = own + 1
+      elseif not seen[n] then
+        seen[n] = true
+        clients = clients + 1
+      end
+    end
+  end
+end
 local function place(m)
   local earliest = now
   local p = paused()
   if p > earliest then earliest = p end
-  local names, scores = after(now - window)
-  -- This process's share of the members, this one included (its nonce follows the class byte).
-  local nonce = string.match(m, '^.:([^:]*):')
-  own, total = 1, #names + 1
-  if nonce then
-    local pre = string.sub(m, 1, 1) .. ':' .. nonce .. ':'
-    local alt = (string.sub(m, 1, 1) == 'c' and 'n' or 'c') .. ':' .. nonce .. ':'
-    for i = 1, #names do
-      local h = string.sub(names[i], 1, #pre)
-      if h == pre or h == alt then own = own + 1 end
-    end
-  end
   local at
   if string.sub(m, 1, 1) ~= 'c' then
-    at = feasible(scores, earliest)
+    -- Nothing fits before `packed`: the search starts there.
+    local from = math.max(earliest, packed)
+    at = earliest_from(lazy(from - window), from)
+    if earliest == now then packed = at end
   else
     -- A cleanup goes ahead of every waiting request of new work (of any process): those are
     -- placed again behind it, in their order, never earlier than before; their waiters learn
     -- it when they confirm.
+    local r = redis.call('ZRANGEBYSCORE', KEYS[1], '(' .. n2s(now - window), '+inf', 'WITHSCORES')
     local fixed, waiting = {}, {}
-    for i = 1, #names do
-      if scores[i] > now and string.sub(names[i], 1, 1) ~= 'c' then
-        waiting[#waiting + 1] = i
+    for i = 1, #r, 2 do
+      local s = tonumber(r[i + 1])
+      if s > now and string.sub(r[i], 1, 1) ~= 'c' then
+        waiting[#waiting + 1] = {r[i], s}
       else
-        fixed[#fixed + 1] = scores[i]
+        fixed[#fixed + 1] = s
       end
     end
     at = feasible(fixed, earliest)
     insert(fixed, at)
     local moved = at
-    for _, i in ipairs(waiting) do
-      local s = scores[i]
+    for _, w in ipairs(waiting) do
+      local s = w[2]
       if s >= moved + window then break end
-      local w = feasible(fixed, math.max(earliest, s))
-      insert(fixed, w)
-      if w ~= s then
-        redis.call('ZADD', KEYS[1], n2s(w), names[i])
-        if w > moved then moved = w end
+      local n = feasible(fixed, math.max(earliest, s))
+      insert(fixed, n)
+      if n ~= s then
+        redis.call('ZADD', KEYS[1], n2s(n), w[1])
+        opened(s)
+        if n > moved then moved = n end
       end
     end
   end
@@ -232,11 +281,15 @@ local function place(m)
 end
 if op == 'reserve' or op == 'confirm' then
   local s = redis.call('ZSCORE', KEYS[1], member)
-  if op == 'reserve' and not s then return {0, place(member), own, total} end
+  if op == 'reserve' and not s then
+    if ARGV[5] == '1' then share(member) end
+    local w = place(member)
+    return {0, w, own, total, clients}
+  end
   -- Decided by the member's state, so a retry answers as the first run did.
   if s then
     s = tonumber(s)
-    if s > now then return {1, s - now, own, total} end
+    if s > now then return {1, s - now, own, total, clients} end
     if paused() <= now then
       -- The slot has come: the start is counted now, when it happens, unless the window up to
       -- now is full of real starts already.
@@ -245,23 +298,31 @@ if op == 'reserve' or op == 'confirm' then
         redis.call('ZADD', KEYS[1], n2s(now), member)
         reflow(now)
         touch()
-        return {0, 0, own, total}
+        return {0, 0, own, total, clients}
       end
     end
+    opened(s)
     redis.call('ZREM', KEYS[1], member)
   end
-  return {1, place(member), own, total}
+  local w = place(member)
+  return {1, w, own, total, clients}
 elseif op == 'release' then
-  redis.call('ZREM', KEYS[1], member)
-  return {0, 0, own, total}
+  local s = redis.call('ZSCORE', KEYS[1], member)
+  if s then
+    opened(tonumber(s))
+    redis.call('ZREM', KEYS[1], member)
+  end
+  touch()
+  return {0, 0, own, total, clients}
 elseif op == 'sync' then
   touch()
-  return {0, 0, own, total}
+  return {0, 0, own, total, clients}
 elseif op == 'pause' then
   local d = tonumber(ARGV[5])
   local u = now + d
   if paused() < u then redis.call('SET', KEYS[2], n2s(u), 'PX', n2s(math.floor(d / 1000) + 1)) end
-  return {0, 0, own, total}
+  touch()
+  return {0, 0, own, total, clients}
 end
 return redis.error_reply('unknown op')
 ";
@@ -293,8 +354,12 @@ struct KeyState {
     /// Starts the store may not hold (decided locally, or made before an outage that may have
     /// emptied it): they go with the next op on the key.
     unsent: Vec<(String, Instant)>,
-    /// This process's share of the store's members at the latest placement.
+    /// This process's share of the store's members at the latest placement that measured it.
     share: Option<f64>,
+    /// When the share was last asked for (it costs the script a read of the window).
+    share_asked: Option<Instant>,
+    /// Whether that measure saw at least a limit's worth of members.
+    share_full: bool,
 }
 
 impl KeyState {
@@ -316,6 +381,8 @@ pub struct RedisStore {
     keys: Mutex<HashMap<String, KeyState>>,
     /// Whether the probe's timer runs (see [`RedisStore::watch`]).
     watching: AtomicBool,
+    /// The nonce of this client's members (one client per URL in a process).
+    nonce: String,
 }
 
 struct ProbeGuard<'a> {
@@ -391,12 +458,17 @@ fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
 }
 
 /// A member name unique across processes: its class (`c` = cleanup, `n` = new work, read by
-/// the script), a random process nonce and a counter. The member is the id of every decision
-/// about its reservation, which makes each op idempotent.
+/// the script), a random nonce (of this process, or of one store client, see
+/// [`RedisStore::member`]) and a counter. The member is the id of every decision about its
+/// reservation, which makes each op idempotent; the nonce tells the script which members are
+/// this client's (its share).
 pub fn new_member(class: Class) -> String {
     static NONCE: std::sync::OnceLock<String> = std::sync::OnceLock::new();
+    member_of(NONCE.get_or_init(|| uuid::Uuid::new_v4().simple().to_string()), class)
+}
+
+fn member_of(nonce: &str, class: Class) -> String {
     static COUNTER: AtomicU64 = AtomicU64::new(0);
-    let nonce = NONCE.get_or_init(|| uuid::Uuid::new_v4().simple().to_string());
     let c = match class {
         Class::Cleanup => 'c',
         Class::New => 'n',
@@ -504,6 +576,7 @@ impl RedisStore {
             script: redis::Script::new(SCRIPT),
             keys: Mutex::new(HashMap::new()),
             watching: AtomicBool::new(false),
+            nonce: uuid::Uuid::new_v4().simple().to_string(),
         })
     }
 
@@ -565,6 +638,11 @@ impl RedisStore {
         drop(h);
         // A fresh connection for the next probe (a stopped server can leave the old one stuck).
         *lock(&self.conn) = None;
+    }
+
+    /// A new member of this client (see [`new_member`]).
+    pub fn member(&self, class: Class) -> String {
+        member_of(&self.nonce, class)
     }
 
     /// Whether the store is marked down (for tests and the bench).
@@ -699,6 +777,7 @@ impl RedisStore {
         let mut inv = self.script.prepare_invoke();
         inv.key(format!("{KEY_PREFIX}{{{key}}}:starts"))
             .key(format!("{KEY_PREFIX}{{{key}}}:pause"))
+            .key(format!("{KEY_PREFIX}{{{key}}}:packed"))
             .arg(op)
             .arg(rule.limit.max(1))
             .arg(u64::try_from(rule.window.as_micros()).unwrap_or(u64::MAX))
@@ -718,7 +797,7 @@ impl RedisStore {
             let Some(Conn { manager: mut conn, answered }) = self.connection() else { break None };
             let was_answered = answered.load(Ordering::Relaxed);
             let bound = if was_answered { DECISION_TIMEOUT } else { DECISION_TIMEOUT + CONNECT_TIMEOUT };
-            match tokio::time::timeout(bound, inv.invoke_async::<(i64, i64, i64, i64)>(&mut conn)).await {
+            match tokio::time::timeout(bound, inv.invoke_async::<(i64, i64, i64, i64, i64)>(&mut conn)).await {
                 Ok(Ok(v)) => {
                     answered.store(true, Ordering::Relaxed);
                     break Some(v);
@@ -737,13 +816,16 @@ impl RedisStore {
         };
         guard.disarm();
         match answer {
-            Some((flag, wait, own, total)) => {
+            Some((flag, wait, own, total, clients)) => {
                 outbox.disarm();
-                if total > 0 && own >= 0 {
+                if total > 0 && own >= 0 && clients > 0 {
+                    // Its part of the members, and no more than an even part among the clients
+                    // that hold members: the fleet's shares add up to the limit at most.
                     #[allow(clippy::cast_precision_loss)]
-                    let share = (own as f64 / total as f64).min(1.0);
+                    let share = (own as f64 / total as f64).min(1.0 / clients as f64);
                     if let Some(k) = lock(&self.keys).get_mut(key) {
                         k.share = Some(share);
+                        k.share_full = usize::try_from(total).unwrap_or(0) >= rule.limit;
                     }
                 }
                 self.answered(probe);
@@ -800,7 +882,21 @@ impl RedisStore {
 
     pub async fn reserve(&self, key: &str, rule: Rule, member: &str) -> Answer {
         self.note_rule(key, rule);
-        match self.call_sent(key, "reserve", rule, member, 0, false).await {
+        // The share is measured at most every [`SHARE_EVERY`] per key.
+        let measure = {
+            let mut keys = lock(&self.keys);
+            let now = Instant::now();
+            match keys.get_mut(key) {
+                // Also while the latest measure saw fewer members than the limit (too little
+                // to tell a share by; the members are few, so the read is cheap).
+                Some(k) if !k.share_full || k.share_asked.is_none_or(|t| now >= t + SHARE_EVERY) => {
+                    k.share_asked = Some(now);
+                    1
+                }
+                _ => 0,
+            }
+        };
+        match self.call_sent(key, "reserve", rule, member, measure, false).await {
             Ok((_, wait)) => Answer::Wait(Duration::from_micros(wait.max(0).unsigned_abs())),
             Err(sent) => {
                 if sent {
