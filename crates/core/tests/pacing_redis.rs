@@ -141,6 +141,7 @@ const JITTER: Duration = Duration::from_millis(50);
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn cancelled_waiters_free_their_slots_in_redis() {
     let _serial = SERIAL.lock().await;
+    let _ = pacer::take_warnings();
     let server = Server::start();
     let key = "cancel-test";
     let p = shared_pacer(&server.url(), key, PacingMode::Window { limit: 2, window: Duration::from_secs(1) });
@@ -170,6 +171,7 @@ async fn cancelled_waiters_free_their_slots_in_redis() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_shared_pause_holds_other_processes_waiters() {
     let _serial = SERIAL.lock().await;
+    let _ = pacer::take_warnings();
     let server = Server::start();
     let key = "pause-test";
     let mode = PacingMode::Window { limit: 1, window: Duration::from_millis(200) };
@@ -574,13 +576,17 @@ async fn a_reservation_made_after_its_decision_gave_up_is_released() {
     assert!(p.store().unwrap().is_down());
     assert_eq!(p.store().unwrap().owed(), 1);
     server.signal("-CONT");
-    // The server runs the reservation it had read.
-    tokio::time::sleep(Duration::from_millis(400)).await;
-    settles_at(&server.url(), key, 2, "the late reservation was made").await;
-    // The next decision (the probe) carries the owed release.
+    // The server runs the reservation it had read; the probe (on its own timer) carries the
+    // owed release and the start decided locally.
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while p.store().unwrap().is_down() {
+        assert!(Instant::now() < deadline, "the store was not probed again");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    settles_at(&server.url(), key, 2, "the first start and the one decided locally; no phantom").await;
     p.acquire(&Ctx::new(Abort::new())).await.unwrap();
     assert!(!p.store().unwrap().is_down());
-    assert_eq!(zcard(&server.url(), key).await, 2, "the first start and the probe's; no phantom");
+    assert_eq!(zcard(&server.url(), key).await, 3, "the three real starts; no phantom");
     assert_eq!(p.store().unwrap().owed(), 0);
     assert_eq!(pacer::take_warnings(), vec![STORE_DOWN, STORE_RESTORED]);
 }
@@ -754,4 +760,226 @@ async fn a_lost_confirm_answer_retried_on_a_new_connection_does_not_start_inside
     );
     assert!(!a.store().unwrap().is_down(), "the retry on a new connection answered");
     assert!(pacer::take_warnings().is_empty());
+}
+
+/// Three "processes" (each a pacer with its own store connection) × four lanes at 12 starts
+/// per 3 s: each lane starts a request as soon as its pacer allows, until `stop` is aborted.
+/// Every start is taken as the caller saw it.
+const FLEET_LIMIT: usize = 12;
+const FLEET_WINDOW: Duration = Duration::from_secs(3);
+
+struct Fleet {
+    pacers: Vec<Arc<Pacer>>,
+    stop: Abort,
+    starts: Arc<Mutex<Vec<Instant>>>,
+    lanes: Vec<tokio::task::JoinHandle<()>>,
+}
+
+impl Fleet {
+    fn start(url: &str, key: &str) -> Fleet {
+        let mode = PacingMode::Window { limit: FLEET_LIMIT, window: FLEET_WINDOW };
+        let pacers: Vec<Arc<Pacer>> = (0..3).map(|_| shared_pacer(url, key, mode)).collect();
+        let stop = Abort::new();
+        let starts = Arc::new(Mutex::new(vec![]));
+        let mut lanes = vec![];
+        for p in &pacers {
+            for _ in 0..4 {
+                let (p, stop, starts) = (p.clone(), stop.clone(), starts.clone());
+                lanes.push(tokio::spawn(async move {
+                    while p.acquire(&Ctx::new(stop.clone())).await.is_ok() {
+                        starts.lock().unwrap().push(Instant::now());
+                    }
+                }));
+            }
+        }
+        Fleet { pacers, stop, starts, lanes }
+    }
+
+    /// Waits (up to 10 s) for the first window's starts; returns the first of them.
+    async fn first_burst(&self) -> Instant {
+        let deadline = Instant::now() + Duration::from_secs(10);
+        loop {
+            let s = self.starts.lock().unwrap().clone();
+            if s.len() >= FLEET_LIMIT {
+                return *s.iter().min().unwrap();
+            }
+            assert!(Instant::now() < deadline, "the fleet did not start: {} starts", s.len());
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+    }
+
+    /// Ends every lane; returns the starts, sorted.
+    async fn finish(self) -> Vec<Instant> {
+        self.stop.abort(false);
+        for l in self.lanes {
+            l.await.unwrap();
+        }
+        let mut s = self.starts.lock().unwrap().clone();
+        s.sort();
+        s
+    }
+}
+
+/// The starts as offsets from the first, in ms (for a failure message).
+fn offsets(starts: &[Instant]) -> Vec<u128> {
+    starts.iter().map(|s| (*s - starts[0]).as_millis()).collect()
+}
+
+/// The store answers 200 ms late (the server stopped with `SIGSTOP`, inside the decision's
+/// bound), just as the second and the third window's waiters confirm their slots: the starts
+/// happen late, and the store counts them where they happened, so the next window's are placed
+/// from there. No window of 3 s at the callers holds more than the limit (+ 2 for the clocks).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_slow_answer_does_not_let_the_fleet_exceed_its_budget() {
+    let _serial = SERIAL.lock().await;
+    let _ = pacer::take_warnings();
+    let server = Server::start();
+    let fleet = Fleet::start(&server.url(), "stall-test");
+    let first = fleet.first_burst().await;
+    for n in 1..=2u32 {
+        tokio::time::sleep_until(first + FLEET_WINDOW * n - Duration::from_millis(50)).await;
+        server.signal("-STOP");
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        server.signal("-CONT");
+    }
+    tokio::time::sleep_until(first + FLEET_WINDOW * 3 + Duration::from_millis(500)).await;
+    let pacers = fleet.pacers.clone();
+    let starts = fleet.finish().await;
+    let most = max_in_window(&starts, FLEET_WINDOW);
+    eprintln!("{} starts, at most {most} in one window of 3 s (limit {FLEET_LIMIT})", starts.len());
+    assert!(starts.len() >= 2 * FLEET_LIMIT, "{} starts", starts.len());
+    assert!(most <= FLEET_LIMIT + 2, "{most} starts in one window of 3 s: {:?}", offsets(&starts));
+    drop(pacers);
+    let _ = pacer::take_warnings();
+}
+
+/// Redis killed just before the second window's waiters confirm, and restarted 300 ms later on
+/// the same port (empty): while it is down each process keeps to its share of the limit, and
+/// the restarted store learns the starts of the window that spans the outage. No window of 3 s
+/// at the callers holds more than the limit (+ 2), and every process uses the store again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_restart_on_the_same_port_does_not_let_the_fleet_exceed_its_budget() {
+    let _serial = SERIAL.lock().await;
+    let _ = pacer::take_warnings();
+    let mut server = Server::start();
+    let fleet = Fleet::start(&server.url(), "restart-test");
+    let first = fleet.first_burst().await;
+    tokio::time::sleep_until(first + FLEET_WINDOW - Duration::from_millis(50)).await;
+    server.kill();
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    server.spawn();
+    tokio::time::sleep_until(first + FLEET_WINDOW * 3 + Duration::from_millis(500)).await;
+    let pacers = fleet.pacers.clone();
+    let starts = fleet.finish().await;
+    let most = max_in_window(&starts, FLEET_WINDOW);
+    eprintln!("{} starts, at most {most} in one window of 3 s (limit {FLEET_LIMIT})", starts.len());
+    assert!(starts.len() >= 2 * FLEET_LIMIT, "{} starts", starts.len());
+    assert!(most <= FLEET_LIMIT + 2, "{most} starts in one window of 3 s: {:?}", offsets(&starts));
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while pacers.iter().any(|p| p.store().unwrap().is_down()) {
+        assert!(Instant::now() < deadline, "a process did not use the store again");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let _ = pacer::take_warnings();
+}
+
+/// 1,100 waiters at 10 per 2 s (slots out to 220 s) are cancelled while the store does not
+/// answer: more releases than are owed per key, so some members stay in Redis for waiters that
+/// are gone. Once it answers again, every owed release goes with the first op, and the members
+/// left count only in their own windows: a fresh caller on the idle budget starts within one
+/// window, not behind them.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn after_an_outage_with_many_cancelled_waiters_a_fresh_caller_starts_within_a_window() {
+    use createos_execute_core::pacer::redis_store::MAX_OWED;
+    let _serial = SERIAL.lock().await;
+    let _ = pacer::take_warnings();
+    let server = Server::start();
+    let key = "phantom-test";
+    let window = Duration::from_secs(2);
+    let p = shared_pacer(&server.url(), key, PacingMode::Window { limit: 10, window });
+    p.acquire(&Ctx::new(Abort::new())).await.unwrap(); // the connection is up
+    let waiters = 1_100usize;
+    let mut aborts = vec![];
+    let mut tasks = vec![];
+    for _ in 0..waiters {
+        let (p, abort) = (p.clone(), Abort::new());
+        aborts.push(abort.clone());
+        tasks.push(tokio::spawn(async move { p.acquire(&Ctx::new(abort)).await }));
+    }
+    // Every waiter holds a member (9 of them start at once, in the first window, and leave
+    // the set a window later).
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let members = zcard(&server.url(), key).await;
+        if members >= i64::try_from(waiters - 9).unwrap() {
+            break;
+        }
+        let down = p.store().unwrap().is_down();
+        assert!(Instant::now() < deadline, "the waiters did not reserve: {members} members, store down: {down}");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    server.signal("-STOP");
+    for a in &aborts {
+        a.abort(false);
+    }
+    let mut started = 0;
+    for t in tasks {
+        if t.await.unwrap().is_ok() {
+            started += 1;
+        }
+    }
+    assert!(started <= 10, "{started} waiters started");
+    // Their releases find no answer and are owed (at most MAX_OWED per key).
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while p.store().unwrap().owed() < MAX_OWED.min(waiters - started) {
+        assert!(Instant::now() < deadline, "{} releases owed", p.store().unwrap().owed());
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert!(p.store().unwrap().is_down());
+    // Idle: the outage lasts longer than the window.
+    tokio::time::sleep(window).await;
+    server.signal("-CONT");
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while p.store().unwrap().is_down() || p.store().unwrap().owed() > 0 {
+        assert!(Instant::now() < deadline, "the store was not used again");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let t = Instant::now();
+    let fresh = p.acquire(&Ctx::with_deadline(Abort::new(), t + Duration::from_secs(20))).await;
+    let waited = t.elapsed();
+    assert!(fresh.is_ok() && waited < window, "the fresh caller waited {waited:?} (a window is {window:?})");
+    assert!(!p.store().unwrap().is_down(), "the fresh caller was placed by the store");
+    let left = usize::try_from(zcard(&server.url(), key).await).unwrap();
+    assert!(left <= 1 + 10 + (waiters - MAX_OWED), "{left} members left: the owed releases were not all sent");
+    let _ = pacer::take_warnings();
+}
+
+/// Killed, then restarted on the same port: no decision is made after the restart, and the
+/// probe on its own timer notices the store within 2 s, warns once, and writes back the starts
+/// of the window (the one before the kill, lost with the restart, and the one made meanwhile).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_store_is_probed_on_its_own_timer_and_learns_the_outages_starts() {
+    let _serial = SERIAL.lock().await;
+    let _ = pacer::take_warnings();
+    let mut server = Server::start();
+    let key = "probe-test";
+    let p = shared_pacer(&server.url(), key, PacingMode::Window { limit: 5, window: Duration::from_secs(30) });
+    p.acquire(&Ctx::new(Abort::new())).await.unwrap();
+    server.kill();
+    p.acquire(&Ctx::new(Abort::new())).await.unwrap();
+    assert!(p.store().unwrap().is_down());
+    assert_eq!(pacer::take_warnings(), vec![STORE_DOWN]);
+    // Long enough for the probes to back off to their longest gap.
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    server.spawn();
+    let back = Instant::now();
+    let deadline = back + Duration::from_secs(10);
+    while p.store().unwrap().is_down() {
+        assert!(Instant::now() < deadline, "the store was not probed again");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    let noticed = back.elapsed();
+    assert!(noticed <= Duration::from_secs(2), "restored noticed {noticed:?} after the store's return");
+    assert_eq!(pacer::take_warnings(), vec![STORE_RESTORED]);
+    settles_at(&server.url(), key, 2, "the window's two starts were written back").await;
 }

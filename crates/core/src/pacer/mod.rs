@@ -181,15 +181,30 @@ impl Drop for Pending<'_> {
             Some(Held::Local(id)) => self.pacer.local.release(id),
             Some(Held::Shared(store, member)) => {
                 let key = self.pacer.key.clone();
+                let rule = self.pacer.mode().rule();
                 match tokio::runtime::Handle::try_current() {
                     Ok(rt) => {
-                        rt.spawn(async move { store.release(&key, &member).await });
+                        rt.spawn(async move {
+                            store.release(&key, &member).await;
+                            if let Some(rule) = rule {
+                                // A store found down is probed on its own timer.
+                                store.watch(&key, rule);
+                            }
+                        });
                     }
                     Err(_) => store.owe(&key, &member),
                 }
             }
         }
     }
+}
+
+/// What a waiter whose slot has come learned.
+enum Next {
+    /// Start now.
+    Start,
+    /// Wait for this (new) reservation.
+    Wait(Held, Instant),
 }
 
 impl Pacer {
@@ -238,42 +253,64 @@ impl Pacer {
         }
     }
 
+    /// The rule of this process's own budget: the whole rule without a shared store; with one,
+    /// this process's share of it (used while the store does not answer).
+    fn local_rule(&self, rule: Rule) -> Rule {
+        self.store().map_or(rule, |s| s.fallback_rule(&self.key, rule))
+    }
+
     /// Reserves a start in the shared store, else (no store, or no answer) in the local one,
     /// and puts it in `pending`. The member is held before the store answers, so a decision cut
     /// short (abort, deadline) gives back what it may have reserved; a decision that found no
     /// answer owes its member to the store (it may have been made there, late).
     async fn reserve_in_store(&self, rule: Rule, class: Class, pending: &mut Pending<'_>) -> Instant {
-        if let Some(store) = self.store() {
-            let member = redis_store::new_member(class);
-            pending.held = Some(Held::Shared(store.clone(), member.clone()));
-            if let Answer::Wait(wait) = store.reserve(&self.key, rule, &member).await {
-                return Instant::now() + wait;
+        let local_rule = match self.store() {
+            Some(store) => {
+                let member = store.member(class);
+                pending.held = Some(Held::Shared(store.clone(), member.clone()));
+                if let Answer::Wait(wait) = store.reserve(&self.key, rule, &member).await {
+                    return Instant::now() + wait;
+                }
+                // No answer: the store owes itself the member's release if the op was sent.
+                pending.held = None;
+                store.watch(&self.key, rule);
+                store.fallback_rule(&self.key, rule)
             }
-            // No answer: the store owes itself the member's release if the op was sent.
-            pending.held = None;
-        }
-        let (id, at) = self.local.reserve_as(rule, Instant::now(), class);
+            None => rule,
+        };
+        let (id, at) = self.local.reserve_as(local_rule, Instant::now(), class);
         pending.held = Some(Held::Local(id));
         at
     }
 
-    /// A waiter's slot has come: `None` = start now, else its new reservation (a cleanup took
-    /// the slot, or a pause began after it reserved).
-    async fn confirm(&self, held: &Held, rule: Rule, class: Class) -> Option<(Held, Instant)> {
+    /// A waiter's slot has come: start now, or wait for its new reservation (a cleanup took
+    /// the slot, a pause began after it reserved, or the shared window is full of real starts).
+    async fn confirm(&self, held: &Held, rule: Rule, class: Class) -> Next {
         match held {
-            Held::Local(id) => self.local.confirm(*id, rule, Instant::now(), class).map(|at| (Held::Local(*id), at)),
-            Held::Shared(store, member) => match store.confirm(&self.key, rule, member).await {
-                Some(None) => None,
-                Some(Some(wait)) => Some((Held::Shared(store.clone(), member.clone()), Instant::now() + wait)),
-                // No answer: this process's own pause still holds.
-                None => {
-                    let now = Instant::now();
-                    if self.local.paused_until().is_some_and(|p| p > now) {
-                        let (id, at) = self.local.reserve_as(rule, now, class);
-                        Some((Held::Local(id), at))
-                    } else {
-                        None
+            Held::Local(id) => {
+                // Reserved while the store did not answer: once it answers again, the store
+                // decides (it knows what the other processes started meanwhile).
+                if let Some(store) = self.store().filter(|s| !s.is_down()) {
+                    let member = store.member(class);
+                    if let Answer::Wait(wait) = store.reserve(&self.key, rule, &member).await {
+                        return Next::Wait(Held::Shared(store, member), Instant::now() + wait);
                     }
+                }
+                match self.local.confirm(*id, self.local_rule(rule), Instant::now(), class) {
+                    None => Next::Start,
+                    Some(at) => Next::Wait(Held::Local(*id), at),
+                }
+            }
+            Held::Shared(store, member) => match store.confirm(&self.key, rule, member).await {
+                Some(None) => Next::Start,
+                Some(Some(wait)) => Next::Wait(Held::Shared(store.clone(), member.clone()), Instant::now() + wait),
+                // No answer: this process's own budget decides (its share of the limit, over
+                // the starts it knows of, its pause); the store learns of the start when it
+                // answers again, and the member is given back.
+                None => {
+                    store.watch(&self.key, rule);
+                    let (id, at) = self.local.reserve_as(store.fallback_rule(&self.key, rule), Instant::now(), class);
+                    Next::Wait(Held::Local(id), at)
                 }
             },
         }
@@ -307,11 +344,16 @@ impl Pacer {
             })
             .await?;
             let Some(h) = pending.held.as_ref() else { break };
-            let confirmed = ctx.run(async { Ok(self.confirm(h, rule, class).await) }).await?;
-            match confirmed {
-                None => break,
-                Some((h, a)) => {
-                    if let (Some(Held::Shared(..)), Held::Local(_)) = (&pending.held, &h) {
+            let next = ctx.run(async { Ok(self.confirm(h, rule, class).await) }).await?;
+            match next {
+                Next::Start => break,
+                Next::Wait(h, a) => {
+                    // A reservation that moved to the other store is given back.
+                    let moved = matches!(
+                        (&pending.held, &h),
+                        (Some(Held::Shared(..)), Held::Local(_)) | (Some(Held::Local(_)), Held::Shared(..))
+                    );
+                    if moved {
                         if let Some(old) = pending.held.take() {
                             drop(Pending { pacer: self, held: Some(old) });
                         }
@@ -321,9 +363,20 @@ impl Pacer {
                 }
             }
         }
-        if let Some(Held::Shared(..)) = pending.held.take() {
-            // The fallback knows this process's own shared starts.
-            self.local.record(Instant::now(), rule);
+        let now = Instant::now();
+        match pending.held.take() {
+            Some(Held::Shared(store, member)) => {
+                // The fallback knows this process's own shared starts.
+                self.local.record(now, rule);
+                store.started(&self.key, &member, now, rule, false);
+            }
+            Some(Held::Local(_)) => {
+                if let Some(store) = self.store() {
+                    // Decided here: written back to the store when it answers.
+                    store.started(&self.key, &store.member(class), now, rule, true);
+                }
+            }
+            None => {}
         }
         Ok(())
     }

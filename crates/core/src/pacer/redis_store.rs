@@ -4,37 +4,59 @@
 //!
 //! Per budget key there are two Redis keys under a fixed prefix: a sorted set of starts (member
 //! = one reservation, score = its start in µs of server time) and the pause (a 429's
-//! `Retry-After` end, µs of server time). Reservations are appended like the local store's, a
-//! cancelled waiter removes its member, and a waiter whose slot has come asks again (`confirm`)
-//! so a pause that began meanwhile holds it too.
+//! `Retry-After` end, µs of server time). A cancelled waiter removes its member, and a waiter
+//! whose slot has come asks again (`confirm`) so a pause that began meanwhile holds it too.
+//!
+//! **A start is counted when it happens.** When `confirm` says "start now" it rewrites the
+//! member's score to the store's `TIME` (after the decision, so at or before the moment the
+//! waiter really starts: a store that answered late counts the start late, never early), and
+//! the waiting members placed after it are placed again from there (each moves later or stays).
+//! A slot that came while the window is already full of real starts is placed again instead.
+//!
+//! **Placement by count.** A reservation takes the earliest moment at or after now at which no
+//! window holding it would hold more than `limit` members, wherever the other members are: a
+//! member far ahead (a waiter that is gone and whose release the store never got) takes one slot
+//! of its own window and delays nobody beyond it.
 //!
 //! A member's first character is its class (`c` = cleanup, `n` = new work): a cleanup's
 //! reservation is placed over the starts made and the other cleanups, and every waiting member
 //! of new work (of any process) is placed again behind it, never earlier than before; its
 //! waiter learns the new slot when it confirms. The member is the id of every decision about
 //! its reservation, and each op is idempotent for it: `reserve` of a member the set holds
-//! answers its slot, `confirm` answers from the member's state alone (a slot still ahead = moved
-//! there; a slot that came = start, unless a pause began before it), `release` is a `ZREM`. So
-//! the one retry on a new connection after a lost answer gets the answer the first run gave,
-//! and never starts a request inside a pause.
+//! answers as `confirm` does, `confirm` answers from the member's state (a slot still ahead =
+//! moved there; a slot that came = start, unless a pause began before it or the window is
+//! full), `release` is a `ZREM`. So the one retry on a new connection after a lost answer never
+//! starts a request inside a pause.
 //!
 //! No phantom starts: a reservation whose decision found no answer (it may run on the server
 //! after the decision gave up) and a release the store did not take (no answer, or the store
-//! marked down) are owed to the store, per budget key, at most [`MAX_OWED`], and sent with the
-//! next op on that key (the probe, once the store answers again), which removes them before it
-//! decides. Beyond the cap a member is left to expire: it counts for at most its window.
+//! marked down) are owed to the store, at most [`MAX_OWED`] per budget key, and all of them go
+//! with the next op on that key (the probe, once the store answers again), which removes them
+//! before it decides. Beyond the cap a member stays until its slot has passed by a window: it
+//! counts as one start in its own window, like any member.
 //!
-//! Failure is not a stampede: every decision has [`DECISION_TIMEOUT`], and one made on a
-//! connection that has not answered yet [`CONNECT_TIMEOUT`] more (a store across a network
-//! needs several round trips before its first answer); the first failure marks the store down
-//! (one warning, [`super::STORE_DOWN`]) and the pacer falls back to its local store; while
-//! down, only one probe at a time goes to Redis, at most every backoff (100 ms, doubling to
-//! 2 s); the first answer marks it up again ([`super::STORE_RESTORED`]). An abort or the
-//! caller's deadline does not wait for a decision.
+//! **Outages.** Every decision has [`DECISION_TIMEOUT`], and one made on a connection that has
+//! not answered yet [`CONNECT_TIMEOUT`] more (a store across a network needs several round
+//! trips before its first answer); the first failure marks the store down (one warning,
+//! [`super::STORE_DOWN`]) and the pacer falls back to its local store, with this process's
+//! share of the limit only ([`RedisStore::fallback_rule`]): the share its members had among the
+//! store's members of the last window (measured with every placement), at least a tenth of the
+//! limit (and one start). Why a share: while the store is down no process knows what the others
+//! start, and a full budget each lets N processes start N times the limit; the share the store
+//! last saw is what this process would have got, so the fleet together stays near the limit
+//! while its mix holds, and work goes on (a pause of new work would turn every blip of the
+//! store into a stall). Cleanups keep their priority in the local store as in the shared one.
+//! While down, no decision waits for Redis: a probe runs on its own timer ([`RedisStore::watch`])
+//! every 100 ms, doubling to 400 ms, and the first answer marks the store up again
+//! ([`super::STORE_RESTORED`]). The starts this process made in the last window (those decided
+//! locally, and those the store decided, for a store that restarted empty) go with the probe
+//! and with every later op until the store has them, so the window that spans the outage holds.
+//! An abort or the caller's deadline does not wait for a decision.
 //!
 //! The URL (it may hold a password) is kept only inside the redis client; it is never
 //! formatted into an error, a warning or an event.
 
+use std::collections::{HashMap, VecDeque};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -53,13 +75,26 @@ pub const DECISION_TIMEOUT: Duration = Duration::from_millis(250);
 /// over plain TCP; TLS adds one), more than one decision's bound once the store is ~60 ms away.
 pub const CONNECT_TIMEOUT: Duration = Duration::from_secs(1);
 const MIN_BACKOFF: Duration = Duration::from_millis(100);
-const MAX_BACKOFF: Duration = Duration::from_secs(2);
+/// The longest gap between two probes of a store that is down.
+pub const MAX_BACKOFF: Duration = Duration::from_millis(400);
 /// Every Redis key of this package starts with this.
 pub const KEY_PREFIX: &str = "createos-execute:pacing:v1:";
 
+/// Most releases owed per budget key; beyond it a member counts as one start in its window.
+pub const MAX_OWED: usize = 1024;
+/// Most own starts kept per budget key to tell a store that lost or missed them.
+const MAX_RECENT: usize = 4096;
+/// How often a reservation also measures this client's share of the store's members.
+const SHARE_EVERY: Duration = Duration::from_millis(250);
+/// Most budget keys a store keeps owed releases and recent starts for.
+const MAX_KEYS: usize = 256;
+
 const SCRIPT: &str = r"
--- KEYS[1] starts (sorted set, score = start in µs of server time), KEYS[2] pause (µs)
--- ARGV: op, limit, window µs, member, pause µs, then members owed a release
+-- KEYS[1] starts (sorted set, score = start in µs of server time), KEYS[2] pause (µs),
+-- KEYS[3] packed (µs: no new work fits anywhere between now and it)
+-- ARGV: op, limit, window µs, member, pause µs (pause) or 1 = measure the share (reserve),
+-- n, n members owed a release, then pairs (member, age µs) of starts this client made that
+-- the store may not hold.
 -- A member's first byte is its class: 'c' (cleanup) or 'n' (new work).
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000000 + tonumber(t[2])
@@ -67,71 +102,227 @@ local op = ARGV[1]
 local limit = tonumber(ARGV[2])
 local window = tonumber(ARGV[3])
 local member = ARGV[4]
-for i = 6, #ARGV do redis.call('ZREM', KEYS[1], ARGV[i]) end
+local nowed = tonumber(ARGV[6])
 local function n2s(x) return string.format('%.0f', x) end
+local packed = tonumber(redis.call('GET', KEYS[3]) or '0')
+local packed0 = packed
+-- A member left (or moved from) s: there may be room there again.
+local function opened(s) if s < packed then packed = s end end
+for i = 7, 6 + nowed do
+  local s = redis.call('ZSCORE', KEYS[1], ARGV[i])
+  if s then
+    opened(tonumber(s))
+    redis.call('ZREM', KEYS[1], ARGV[i])
+  end
+end
+redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', n2s(now - window))
 local function paused()
   local p = redis.call('GET', KEYS[2])
   if p then return tonumber(p) end
   return 0
 end
-local function append(m, earliest)
-  local n = redis.call('ZCARD', KEYS[1])
-  local at = earliest
-  if n > 0 then
-    local last = tonumber(redis.call('ZRANGE', KEYS[1], -1, -1, 'WITHSCORES')[2])
-    if last > at then at = last end
-    if n >= limit then
-      local kth = tonumber(redis.call('ZRANGE', KEYS[1], n - limit, n - limit, 'WITHSCORES')[2]) + window
-      if kth > at then at = kth end
+-- Sorted arrays of scores: the first index holding more than x.
+local function above(arr, x)
+  local lo, hi = 1, #arr + 1
+  while lo < hi do
+    local mid = math.floor((lo + hi) / 2)
+    if arr[mid] > x then hi = mid else lo = mid + 1 end
+  end
+  return lo
+end
+local function insert(arr, x) table.insert(arr, above(arr, x), x) end
+-- The earliest moment c >= t0 such that no window [x, x + window) holds c and limit members
+-- (get(j) = the j-th score, in order, of the members after t0 - window): limit consecutive
+-- members closer than a window exclude (last - window, first + window).
+local function earliest_from(get, t0)
+  local c, j = t0, 1
+  while true do
+    local last = get(j + limit - 1)
+    if last == nil or last - window >= c then return c end
+    local first = get(j)
+    if last - first < window and c < first + window then c = first + window end
+    j = j + 1
+  end
+end
+local function feasible(arr, t0)
+  local base = above(arr, t0 - window) - 1
+  return earliest_from(function(j) return arr[base + j] end, t0)
+end
+-- The members after x, fetched as they are read: get(j) = (score, name) of the j-th.
+local function lazy(x)
+  local scores, names, offset, done = {}, {}, 0, false
+  return function(j)
+    while scores[j] == nil and not done do
+      local r = redis.call('ZRANGEBYSCORE', KEYS[1], '(' .. n2s(x), '+inf', 'WITHSCORES', 'LIMIT', offset, 256)
+      for i = 1, #r, 2 do
+        names[#names + 1] = r[i]
+        scores[#scores + 1] = tonumber(r[i + 1])
+      end
+      offset = offset + #r / 2
+      if #r < 512 then done = true end
+    end
+    return scores[j], names[j]
+  end
+end
+local function touch()
+  local last = redis.call('ZRANGE', KEYS[1], -1, -1, 'WITHSCORES')
+  if last[2] then
+    local ms = n2s(math.floor((math.max(tonumber(last[2]), now) - now + window) / 1000) + 1000)
+    redis.call('PEXPIRE', KEYS[1], ms)
+    if packed > now then
+      redis.call('SET', KEYS[3], n2s(packed), 'PX', ms)
+    elseif packed0 > now then
+      redis.call('DEL', KEYS[3])
     end
   end
-  redis.call('ZADD', KEYS[1], n2s(at), m)
-  redis.call('PEXPIRE', KEYS[1], n2s(math.floor((at - now + window) / 1000) + 1000))
-  return at
+end
+-- Members after `changed` may now share a window with too many: each is placed again from its
+-- own slot (never earlier), in order; one a window past every change is as it was.
+local function reflow(changed)
+  local arr = {}
+  local r = redis.call('ZRANGEBYSCORE', KEYS[1], '(' .. n2s(now - window), n2s(now), 'WITHSCORES')
+  for i = 2, #r, 2 do arr[#arr + 1] = tonumber(r[i]) end
+  local get = lazy(now)
+  local j, moves = 1, {}
+  while true do
+    local s, name = get(j)
+    if s == nil or s >= changed + window then break end
+    local at = feasible(arr, s)
+    insert(arr, at)
+    if at ~= s then
+      moves[#moves + 1] = {name, at}
+      opened(s)
+      if at > changed then changed = at end
+    end
+    j = j + 1
+  end
+  -- Written once read (the reads page through the set).
+  for _, m in ipairs(moves) do redis.call('ZADD', KEYS[1], n2s(m[2]), m[1]) end
+end
+-- Starts this client made that the store may not hold (decided while it did not answer, or
+-- lost with a restart): counted where they happened, at the latest.
+local changed = nil
+for i = 7 + nowed, #ARGV - 1, 2 do
+  local s = now - tonumber(ARGV[i + 1])
+  if s > now - window then
+    local e = redis.call('ZSCORE', KEYS[1], ARGV[i])
+    if not e or tonumber(e) < s or tonumber(e) > now then
+      if e then opened(tonumber(e)) end
+      redis.call('ZADD', KEYS[1], n2s(s), ARGV[i])
+      if not changed or s > changed then changed = s end
+    end
+  end
+end
+if changed then reflow(changed) end
+local own, total, clients = -1, -1, -1
+-- This client's share of the members, this one included (the nonce follows the class byte),
+-- and how many clients hold members.
+local function share(m)
+  local nonce = string.match(m, '^.:([^:]*):')
+  own, total, clients = 1, 1, 1
+  local seen = {}
+  if nonce then seen[nonce] = true end
+  local names = redis.call('ZRANGEBYSCORE', KEYS[1], '(' .. n2s(now - window), '+inf')
+  for i = 1, #names do
+    total = total + 1
+    local n = string.match(names[i], '^.:([^:]*):')
+    if n then
+      if n == nonce then
+        own = own + 1
+      elseif not seen[n] then
+        seen[n] = true
+        clients = clients + 1
+      end
+    end
+  end
 end
 local function place(m)
   local earliest = now
   local p = paused()
   if p > earliest then earliest = p end
-  redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', n2s(earliest - window))
-  if string.sub(m, 1, 1) ~= 'c' then return append(m, earliest) - now end
-  -- A cleanup goes ahead of every waiting request of new work (of any process): those are
-  -- placed again behind it, in their order; their waiters learn it when they confirm.
-  -- Never earlier than before: their waiters sleep until their old slots.
-  local waiting = {}
-  local later = redis.call('ZRANGEBYSCORE', KEYS[1], '(' .. n2s(now), '+inf', 'WITHSCORES')
-  for i = 1, #later, 2 do
-    if string.sub(later[i], 1, 1) ~= 'c' then table.insert(waiting, {later[i], tonumber(later[i + 1])}) end
+  local at
+  if string.sub(m, 1, 1) ~= 'c' then
+    -- Nothing fits before `packed`: the search starts there.
+    local from = math.max(earliest, packed)
+    at = earliest_from(lazy(from - window), from)
+    if earliest == now then packed = at end
+  else
+    -- A cleanup goes ahead of every waiting request of new work (of any process): those are
+    -- placed again behind it, in their order, never earlier than before; their waiters learn
+    -- it when they confirm.
+    local r = redis.call('ZRANGEBYSCORE', KEYS[1], '(' .. n2s(now - window), '+inf', 'WITHSCORES')
+    local fixed, waiting = {}, {}
+    for i = 1, #r, 2 do
+      local s = tonumber(r[i + 1])
+      if s > now and string.sub(r[i], 1, 1) ~= 'c' then
+        waiting[#waiting + 1] = {r[i], s}
+      else
+        fixed[#fixed + 1] = s
+      end
+    end
+    at = feasible(fixed, earliest)
+    insert(fixed, at)
+    local moved = at
+    for _, w in ipairs(waiting) do
+      local s = w[2]
+      if s >= moved + window then break end
+      local n = feasible(fixed, math.max(earliest, s))
+      insert(fixed, n)
+      if n ~= s then
+        redis.call('ZADD', KEYS[1], n2s(n), w[1])
+        opened(s)
+        if n > moved then moved = n end
+      end
+    end
   end
-  for _, w in ipairs(waiting) do redis.call('ZREM', KEYS[1], w[1]) end
-  local at = append(m, earliest)
-  for _, w in ipairs(waiting) do append(w[1], math.max(earliest, w[2])) end
+  redis.call('ZADD', KEYS[1], n2s(at), m)
+  touch()
   return at - now
 end
-if op == 'reserve' then
-  -- Idempotent: a retry of a decision whose answer was lost gets the same slot.
+if op == 'reserve' or op == 'confirm' then
   local s = redis.call('ZSCORE', KEYS[1], member)
-  if s then return {0, math.max(0, tonumber(s) - now)} end
-  return {0, place(member)}
-elseif op == 'confirm' then
-  -- Decided by the member's state alone, so a retry answers as the first run did.
-  local s = redis.call('ZSCORE', KEYS[1], member)
-  local p = paused()
+  if op == 'reserve' and not s then
+    if ARGV[5] == '1' then share(member) end
+    local w = place(member)
+    return {0, w, own, total, clients}
+  end
+  -- Decided by the member's state, so a retry answers as the first run did.
   if s then
     s = tonumber(s)
-    if s > now then return {1, s - now} end
-    if p <= now or s >= p then return {0, 0} end
+    if s > now then return {1, s - now, own, total, clients} end
+    if paused() <= now then
+      -- The slot has come: the start is counted now, when it happens, unless the window up to
+      -- now is full of real starts already.
+      local n = tonumber(redis.call('ZCOUNT', KEYS[1], '(' .. n2s(now - window), n2s(now))) - 1
+      if n < limit then
+        redis.call('ZADD', KEYS[1], n2s(now), member)
+        reflow(now)
+        touch()
+        return {0, 0, own, total, clients}
+      end
+    end
+    opened(s)
     redis.call('ZREM', KEYS[1], member)
   end
-  return {1, place(member)}
+  local w = place(member)
+  return {1, w, own, total, clients}
 elseif op == 'release' then
-  redis.call('ZREM', KEYS[1], member)
-  return {0, 0}
+  local s = redis.call('ZSCORE', KEYS[1], member)
+  if s then
+    opened(tonumber(s))
+    redis.call('ZREM', KEYS[1], member)
+  end
+  touch()
+  return {0, 0, own, total, clients}
+elseif op == 'sync' then
+  touch()
+  return {0, 0, own, total, clients}
 elseif op == 'pause' then
   local d = tonumber(ARGV[5])
   local u = now + d
   if paused() < u then redis.call('SET', KEYS[2], n2s(u), 'PX', n2s(math.floor(d / 1000) + 1)) end
-  return {0, 0}
+  touch()
+  return {0, 0, own, total, clients}
 end
 return redis.error_reply('unknown op')
 ";
@@ -150,29 +341,49 @@ struct Conn {
     answered: Arc<AtomicBool>,
 }
 
+/// What a store keeps per budget key for the store's sake.
+#[derive(Default)]
+struct KeyState {
+    /// The rule of the latest decision (the probe's op uses it).
+    rule: Option<Rule>,
+    /// Members whose release found no answer (or whose reservation may have been made after
+    /// its decision gave up): all of them go with the next op on the key. At most [`MAX_OWED`].
+    owed: Vec<String>,
+    /// This process's starts of the last window (member, when), oldest first.
+    recent: VecDeque<(String, Instant)>,
+    /// Starts the store may not hold (decided locally, or made before an outage that may have
+    /// emptied it): they go with the next op on the key.
+    unsent: Vec<(String, Instant)>,
+    /// This process's share of the store's members at the latest placement that measured it.
+    share: Option<f64>,
+    /// When the share was last asked for (it costs the script a read of the window).
+    share_asked: Option<Instant>,
+    /// Whether that measure saw at least a limit's worth of members.
+    share_full: bool,
+}
+
+impl KeyState {
+    fn prune(&mut self, now: Instant) {
+        let Some(rule) = self.rule else { return };
+        while self.recent.front().is_some_and(|(_, at)| *at + rule.window <= now) {
+            self.recent.pop_front();
+        }
+        self.unsent.retain(|(_, at)| *at + rule.window > now);
+    }
+}
+
 /// One Redis store (per URL), shared by every budget key that uses it.
 pub struct RedisStore {
     client: redis::Client,
     conn: Mutex<Option<Conn>>,
     health: Mutex<Health>,
     script: redis::Script,
-    /// Members whose release found no answer (or whose reservation may have been made after
-    /// its decision gave up), per budget key: sent with the next op on that key.
-    owed: Mutex<Owed>,
+    keys: Mutex<HashMap<String, KeyState>>,
+    /// Whether the probe's timer runs (see [`RedisStore::watch`]).
+    watching: AtomicBool,
+    /// The nonce of this client's members (one client per URL in a process).
+    nonce: String,
 }
-
-/// Releases owed to the store, at most [`MAX_OWED`] in all; beyond that a member is left to
-/// expire (it counts for at most its window).
-#[derive(Default)]
-struct Owed {
-    by_key: std::collections::HashMap<String, Vec<String>>,
-    len: usize,
-}
-
-/// Most releases owed to a store at once.
-pub const MAX_OWED: usize = 1024;
-/// Most owed releases sent with one op.
-const OWED_PER_CALL: usize = 64;
 
 struct ProbeGuard<'a> {
     store: &'a RedisStore,
@@ -193,27 +404,44 @@ impl Drop for ProbeGuard<'_> {
     }
 }
 
-/// Owed releases taken for one op: given back to the queue unless the store answered.
-struct OwedGuard<'a> {
+/// Owed releases and unsent starts taken for one op: given back unless the store answered.
+struct Outbox<'a> {
     store: &'a RedisStore,
     key: &'a str,
-    members: Vec<String>,
+    owed: Vec<String>,
+    unsent: Vec<(String, Instant)>,
     armed: bool,
 }
 
-impl OwedGuard<'_> {
+impl Outbox<'_> {
     fn disarm(mut self) {
         self.armed = false;
     }
 }
 
-impl Drop for OwedGuard<'_> {
+impl Drop for Outbox<'_> {
     fn drop(&mut self) {
         if self.armed {
-            for m in std::mem::take(&mut self.members) {
-                self.store.owe(self.key, &m);
+            let mut keys = lock(&self.store.keys);
+            if let Some(k) = keys.get_mut(self.key) {
+                for m in std::mem::take(&mut self.owed) {
+                    if k.owed.len() < MAX_OWED {
+                        k.owed.push(m);
+                    }
+                }
+                k.unsent.append(&mut self.unsent);
+                k.unsent.truncate(MAX_RECENT);
             }
         }
+    }
+}
+
+/// Clears the timer's flag when its task ends (also when its runtime is dropped).
+struct WatchGuard(Arc<RedisStore>);
+
+impl Drop for WatchGuard {
+    fn drop(&mut self) {
+        self.0.watching.store(false, Ordering::SeqCst);
     }
 }
 
@@ -230,12 +458,17 @@ fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
 }
 
 /// A member name unique across processes: its class (`c` = cleanup, `n` = new work, read by
-/// the script), a random process nonce and a counter. The member is the id of every decision
-/// about its reservation, which makes each op idempotent.
+/// the script), a random nonce (of this process, or of one store client, see
+/// [`RedisStore::member`]) and a counter. The member is the id of every decision about its
+/// reservation, which makes each op idempotent; the nonce tells the script which members are
+/// this client's (its share).
 pub fn new_member(class: Class) -> String {
     static NONCE: std::sync::OnceLock<String> = std::sync::OnceLock::new();
+    member_of(NONCE.get_or_init(|| uuid::Uuid::new_v4().simple().to_string()), class)
+}
+
+fn member_of(nonce: &str, class: Class) -> String {
     static COUNTER: AtomicU64 = AtomicU64::new(0);
-    let nonce = NONCE.get_or_init(|| uuid::Uuid::new_v4().simple().to_string());
     let c = match class {
         Class::Cleanup => 'c',
         Class::New => 'n',
@@ -341,18 +574,21 @@ impl RedisStore {
                 backoff: MIN_BACKOFF,
             }),
             script: redis::Script::new(SCRIPT),
-            owed: Mutex::new(Owed::default()),
+            keys: Mutex::new(HashMap::new()),
+            watching: AtomicBool::new(false),
+            nonce: uuid::Uuid::new_v4().simple().to_string(),
         })
     }
 
-    /// Whether this decision may go to Redis: always while up; while down, one probe at a
-    /// time once the backoff has passed. `Some(is_probe)`.
-    fn enter(&self) -> Option<bool> {
+    /// Whether this op may go to Redis: always while up; while down, only a probe (one at a
+    /// time, once the backoff has passed), so no decision waits for a store that is down.
+    /// `Some(is_probe)`.
+    fn enter(&self, may_probe: bool) -> Option<bool> {
         let mut h = lock(&self.health);
         if !h.down {
             return Some(false);
         }
-        if h.probing || Instant::now() < h.next_probe {
+        if !may_probe || h.probing || Instant::now() < h.next_probe {
             return None;
         }
         h.probing = true;
@@ -385,6 +621,18 @@ impl RedisStore {
             h.down = true;
             h.backoff = MIN_BACKOFF;
             warn(STORE_DOWN);
+            drop(h);
+            // The store may come back empty (a restart): every start of the last window goes
+            // to it again once it answers.
+            let now = Instant::now();
+            for k in lock(&self.keys).values_mut() {
+                k.prune(now);
+                let mut all: Vec<(String, Instant)> = k.recent.iter().cloned().collect();
+                all.append(&mut k.unsent);
+                all.truncate(MAX_RECENT);
+                k.unsent = all;
+            }
+            h = lock(&self.health);
         }
         h.next_probe = Instant::now() + h.backoff;
         drop(h);
@@ -392,9 +640,95 @@ impl RedisStore {
         *lock(&self.conn) = None;
     }
 
+    /// A new member of this client (see [`new_member`]).
+    pub fn member(&self, class: Class) -> String {
+        member_of(&self.nonce, class)
+    }
+
     /// Whether the store is marked down (for tests and the bench).
     pub fn is_down(&self) -> bool {
         lock(&self.health).down
+    }
+
+    /// Starts the probe's timer of a store that is down (one per store, on the current
+    /// runtime): a probe every backoff (100 ms, doubling to [`MAX_BACKOFF`]) carries what is
+    /// owed to `key`; once one answers, every key with starts or releases still to send gets
+    /// an op of its own. Without a runtime the next decision starts it.
+    pub fn watch(self: &Arc<Self>, key: &str, rule: Rule) {
+        self.note_rule(key, rule);
+        if !self.is_down() || self.watching.swap(true, Ordering::SeqCst) {
+            return;
+        }
+        let Ok(rt) = tokio::runtime::Handle::try_current() else {
+            self.watching.store(false, Ordering::SeqCst);
+            return;
+        };
+        let guard = WatchGuard(self.clone());
+        let key = key.to_owned();
+        rt.spawn(async move {
+            let store = &guard.0;
+            loop {
+                let next = {
+                    let h = lock(&store.health);
+                    if !h.down {
+                        break;
+                    }
+                    h.next_probe
+                };
+                tokio::time::sleep_until(next.max(Instant::now() + Duration::from_millis(5))).await;
+                let _ = store.call_sent(&key, "sync", rule, "", 0, true).await;
+            }
+            let pending: Vec<(String, Rule)> = lock(&store.keys)
+                .iter()
+                .filter(|(_, k)| !k.owed.is_empty() || !k.unsent.is_empty())
+                .filter_map(|(key, k)| k.rule.map(|r| (key.clone(), r)))
+                .collect();
+            for (key, rule) in pending {
+                let _ = store.call_sent(&key, "sync", rule, "", 0, false).await;
+            }
+            drop(guard);
+        });
+    }
+
+    fn note_rule(&self, key: &str, rule: Rule) {
+        let mut keys = lock(&self.keys);
+        if let Some(k) = keys.get_mut(key) {
+            k.rule = Some(rule);
+        } else if keys.len() < MAX_KEYS {
+            keys.insert(key.to_owned(), KeyState { rule: Some(rule), ..KeyState::default() });
+        }
+    }
+
+    /// Notes a start of this process on `key` (`member` names it in the store): kept for one
+    /// window, for this process's share and for a store that comes back empty. `local` = the
+    /// store did not decide it (it goes with the next op).
+    pub fn started(&self, key: &str, member: &str, at: Instant, rule: Rule, local: bool) {
+        self.note_rule(key, rule);
+        let mut keys = lock(&self.keys);
+        let Some(k) = keys.get_mut(key) else { return };
+        k.prune(at);
+        if k.recent.len() >= MAX_RECENT {
+            k.recent.pop_front();
+        }
+        k.recent.push_back((member.to_owned(), at));
+        if local && k.unsent.len() < MAX_RECENT {
+            k.unsent.push((member.to_owned(), at));
+        }
+    }
+
+    /// The rule of this process's own budget while the store is down: its share of `rule`'s
+    /// limit (the share its members had at the store's latest placement on `key`), at least a
+    /// tenth of the limit and one start; a tenth when the store never placed one of this
+    /// process's reservations.
+    pub fn fallback_rule(&self, key: &str, rule: Rule) -> Rule {
+        let floor = (rule.limit / 10).max(1);
+        let share = lock(&self.keys).get(key).and_then(|k| k.share);
+        let limit = match share {
+            #[allow(clippy::cast_possible_truncation, clippy::cast_sign_loss, clippy::cast_precision_loss)]
+            Some(f) => ((rule.limit as f64 * f).floor() as usize).max(floor),
+            None => floor,
+        };
+        Rule { limit: limit.min(rule.limit), window: rule.window }
     }
 
     fn connection(&self) -> Option<Conn> {
@@ -418,35 +752,52 @@ impl RedisStore {
     /// connection that has not answered yet); a connection that answered before and fails at
     /// once gets one more try on a new connection. `None` = no answer.
     async fn call(&self, key: &str, op: &str, rule: Rule, member: &str, extra: u128) -> Option<(i64, i64)> {
-        self.call_sent(key, op, rule, member, extra).await.ok()
+        self.call_sent(key, op, rule, member, extra, false).await.ok()
     }
 
     /// [`RedisStore::call`]; `Err(true)` = the op was handed to a connection and got no answer
     /// in time (it may have run), `Err(false)` = it was not sent (the store is marked down).
-    async fn call_sent(&self, key: &str, op: &str, rule: Rule, member: &str, extra: u128) -> Result<(i64, i64), bool> {
-        let Some(probe) = self.enter() else { return Err(false) };
+    /// `probe`: the op may go to a store that is down (the timer's).
+    async fn call_sent(
+        &self,
+        key: &str,
+        op: &str,
+        rule: Rule,
+        member: &str,
+        extra: u128,
+        probe: bool,
+    ) -> Result<(i64, i64), bool> {
+        let Some(probe) = self.enter(probe) else { return Err(false) };
         // A decision dropped half-way (its caller was cancelled) must not leave the probe taken.
         let guard = ProbeGuard { store: self, armed: probe };
-        // Releases owed on this key go with this op (removed before it decides); given back to
-        // the queue unless the store answered.
-        let owed = OwedGuard { store: self, key, members: self.take_owed(key), armed: true };
+        // Every release owed on this key and the starts the store may not hold go with this op
+        // (applied before it decides); given back unless the store answered.
+        let outbox = self.outbox(key);
+        let sent_at = Instant::now();
         let mut inv = self.script.prepare_invoke();
         inv.key(format!("{KEY_PREFIX}{{{key}}}:starts"))
             .key(format!("{KEY_PREFIX}{{{key}}}:pause"))
+            .key(format!("{KEY_PREFIX}{{{key}}}:packed"))
             .arg(op)
             .arg(rule.limit.max(1))
             .arg(u64::try_from(rule.window.as_micros()).unwrap_or(u64::MAX))
             .arg(member)
-            .arg(u64::try_from(extra).unwrap_or(u64::MAX));
-        for m in &owed.members {
+            .arg(u64::try_from(extra).unwrap_or(u64::MAX))
+            .arg(outbox.owed.len());
+        for m in &outbox.owed {
             inv.arg(m);
+        }
+        for (m, at) in &outbox.unsent {
+            // The age when sent: the store counts the start at its TIME minus this, at or
+            // after the moment it happened.
+            inv.arg(m).arg(u64::try_from(sent_at.saturating_duration_since(*at).as_micros()).unwrap_or(0));
         }
         let mut retried = false;
         let answer = loop {
             let Some(Conn { manager: mut conn, answered }) = self.connection() else { break None };
             let was_answered = answered.load(Ordering::Relaxed);
             let bound = if was_answered { DECISION_TIMEOUT } else { DECISION_TIMEOUT + CONNECT_TIMEOUT };
-            match tokio::time::timeout(bound, inv.invoke_async::<(i64, i64)>(&mut conn)).await {
+            match tokio::time::timeout(bound, inv.invoke_async::<(i64, i64, i64, i64, i64)>(&mut conn)).await {
                 Ok(Ok(v)) => {
                     answered.store(true, Ordering::Relaxed);
                     break Some(v);
@@ -465,46 +816,60 @@ impl RedisStore {
         };
         guard.disarm();
         match answer {
-            Some(v) => {
-                owed.disarm();
+            Some((flag, wait, own, total, clients)) => {
+                outbox.disarm();
+                if total > 0 && own >= 0 && clients > 0 {
+                    // Its part of the members, and no more than an even part among the clients
+                    // that hold members: the fleet's shares add up to the limit at most.
+                    #[allow(clippy::cast_precision_loss)]
+                    let share = (own as f64 / total as f64).min(1.0 / clients as f64);
+                    if let Some(k) = lock(&self.keys).get_mut(key) {
+                        k.share = Some(share);
+                        k.share_full = usize::try_from(total).unwrap_or(0) >= rule.limit;
+                    }
+                }
                 self.answered(probe);
-                Ok(v)
+                Ok((flag, wait))
             }
             None => {
+                drop(outbox);
                 self.failed(probe);
                 Err(true)
             }
         }
     }
 
-    /// Notes a release the store did not take (no answer, or the store is marked down): it goes
-    /// with the next op on `key`, so a member the store holds for a waiter that gave up (or a
-    /// reservation it made after its decision gave up) does not count as a start. Bounded by
-    /// [`MAX_OWED`]; beyond it the member is left to expire with its window.
-    pub fn owe(&self, key: &str, member: &str) {
-        let mut o = lock(&self.owed);
-        if o.len >= MAX_OWED {
-            return;
-        }
-        o.len += 1;
-        o.by_key.entry(key.to_owned()).or_default().push(member.to_owned());
+    /// Takes every owed release and every unsent start of `key` for one op.
+    fn outbox<'a>(&'a self, key: &'a str) -> Outbox<'a> {
+        let mut keys = lock(&self.keys);
+        let (owed, unsent) = match keys.get_mut(key) {
+            Some(k) => {
+                k.prune(Instant::now());
+                (std::mem::take(&mut k.owed), std::mem::take(&mut k.unsent))
+            }
+            None => (Vec::new(), Vec::new()),
+        };
+        Outbox { store: self, key, owed, unsent, armed: true }
     }
 
-    fn take_owed(&self, key: &str) -> Vec<String> {
-        let mut o = lock(&self.owed);
-        let Some(list) = o.by_key.get_mut(key) else { return Vec::new() };
-        let n = list.len().min(OWED_PER_CALL);
-        let taken: Vec<String> = list.drain(..n).collect();
-        if list.is_empty() {
-            o.by_key.remove(key);
+    /// Notes a release the store did not take (no answer, or the store is marked down): it goes
+    /// with the next op on `key`, so a member the store holds for a waiter that gave up (or a
+    /// reservation it made after its decision gave up) does not count as a start. At most
+    /// [`MAX_OWED`] per key; beyond it the member counts as one start in its own window.
+    pub fn owe(&self, key: &str, member: &str) {
+        let mut keys = lock(&self.keys);
+        if !keys.contains_key(key) && keys.len() >= MAX_KEYS {
+            return;
         }
-        o.len -= taken.len();
-        taken
+        let k = keys.entry(key.to_owned()).or_default();
+        if k.owed.len() < MAX_OWED {
+            k.owed.push(member.to_owned());
+        }
     }
 
     /// Releases owed to the store and not sent yet (for tests and the bench).
     pub fn owed(&self) -> usize {
-        lock(&self.owed).len
+        lock(&self.keys).values().map(|k| k.owed.len()).sum()
     }
 
     /// Drops the connection whose flag is `answered`, unless another decision replaced it first.
@@ -516,7 +881,22 @@ impl RedisStore {
     }
 
     pub async fn reserve(&self, key: &str, rule: Rule, member: &str) -> Answer {
-        match self.call_sent(key, "reserve", rule, member, 0).await {
+        self.note_rule(key, rule);
+        // The share is measured at most every [`SHARE_EVERY`] per key.
+        let measure = {
+            let mut keys = lock(&self.keys);
+            let now = Instant::now();
+            match keys.get_mut(key) {
+                // Also while the latest measure saw fewer members than the limit (too little
+                // to tell a share by; the members are few, so the read is cheap).
+                Some(k) if !k.share_full || k.share_asked.is_none_or(|t| now >= t + SHARE_EVERY) => {
+                    k.share_asked = Some(now);
+                    1
+                }
+                _ => 0,
+            }
+        };
+        match self.call_sent(key, "reserve", rule, member, measure, false).await {
             Ok((_, wait)) => Answer::Wait(Duration::from_micros(wait.max(0).unsigned_abs())),
             Err(sent) => {
                 if sent {
@@ -528,7 +908,8 @@ impl RedisStore {
         }
     }
 
-    /// `Some(None)` = start now; `Some(Some(wait))` = moved behind a pause; `None` = no answer.
+    /// `Some(None)` = start now; `Some(Some(wait))` = moved (a cleanup took the slot, a pause
+    /// began, or the window is full of real starts); `None` = no answer.
     pub async fn confirm(&self, key: &str, rule: Rule, member: &str) -> Option<Option<Duration>> {
         let (moved, wait) = self.call(key, "confirm", rule, member, 0).await?;
         Some((moved == 1).then(|| Duration::from_micros(wait.max(0).unsigned_abs())))
@@ -536,14 +917,14 @@ impl RedisStore {
 
     /// Removes `member`; without an answer (the store is down or slow) it is owed.
     pub async fn release(&self, key: &str, member: &str) {
-        let rule = Rule { limit: 1, window: Duration::from_secs(1) };
+        let rule = lock(&self.keys).get(key).and_then(|k| k.rule).unwrap_or(Rule { limit: 1, window: Duration::from_secs(1) });
         if self.call(key, "release", rule, member, 0).await.is_none() {
             self.owe(key, member);
         }
     }
 
     pub async fn pause(&self, key: &str, wait: Duration) {
-        let rule = Rule { limit: 1, window: Duration::from_secs(1) };
+        let rule = lock(&self.keys).get(key).and_then(|k| k.rule).unwrap_or(Rule { limit: 1, window: Duration::from_secs(1) });
         let _ = self.call(key, "pause", rule, "", wait.as_micros()).await;
     }
 }
