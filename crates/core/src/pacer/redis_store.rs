@@ -917,16 +917,14 @@ impl RedisStore {
 
     /// Removes `member`; without an answer (the store is down or slow) it is owed.
     pub async fn release(&self, key: &str, member: &str) {
-        let rule =
-            lock(&self.keys).get(key).and_then(|k| k.rule).unwrap_or(Rule { limit: 1, window: Duration::from_secs(1) });
+        let rule = lock(&self.keys).get(key).and_then(|k| k.rule).unwrap_or(Rule { limit: 1, window: Duration::from_secs(1) });
         if self.call(key, "release", rule, member, 0).await.is_none() {
             self.owe(key, member);
         }
     }
 
     pub async fn pause(&self, key: &str, wait: Duration) {
-        let rule =
-            lock(&self.keys).get(key).and_then(|k| k.rule).unwrap_or(Rule { limit: 1, window: Duration::from_secs(1) });
+        let rule = lock(&self.keys).get(key).and_then(|k| k.rule).unwrap_or(Rule { limit: 1, window: Duration::from_secs(1) });
         let _ = self.call(key, "pause", rule, "", wait.as_micros()).await;
     }
 }
