@@ -894,7 +894,9 @@ mod tests {
         [BEGIN, TOK.as_bytes(), b"\n"].concat()
     }
 
-    fn run(chunks: &[&[u8]]) -> (Vec<u8>, std::result::Result<Option<(i32, bool)>, ()>) {
+    type Lanes = (Vec<u8>, std::result::Result<Option<(i32, bool)>, ()>);
+
+    fn run(chunks: &[&[u8]]) -> Lanes {
         let mut lane = Lane::default();
         let mut out = Vec::new();
         for c in chunks {
