@@ -134,7 +134,7 @@ export interface ExecuteParams {
    * `AbortSignal.timeout(params.timeoutMs)` as the signal to get `timedOut: true`.
    */
   timeoutMs?: number
-  /** Ignored: this package opens no persistent session, every command runs one-shot. */
+  /** Ignored: session mode is the client's `config.session` (see docs/session.md). */
   bypassSession?: boolean
   /** Ignored (the SDK's driver params: `driverKey`, `companyId`, `environmentId`, `config` likewise). */
   issueId?: string | null

@@ -134,7 +134,7 @@ test('a command that kills the supervisor: rejected, its tree proven gone, a lat
   const client = session()
   await execute(client, bashParams(sandbox, 'true'), AbortSignal.timeout(20_000))
   ctx.reset()
-  const error = await rejection(execute(client, bashParams(sandbox, 'echo before; kill -9 $PPID; sleep 1'), AbortSignal.timeout(20_000)))
+  const error = await rejection(execute(client, bashParams(sandbox, 'echo before; grep -q __cos_marker /proc/$PPID/cmdline && kill -9 $PPID; sleep 1'), AbortSignal.timeout(20_000)))
   assert.equal(error.message, SUPERVISOR_ENDED)
   await provenThenWorks(sandbox, client)
   await finish(sandbox)

@@ -150,8 +150,8 @@ struct LeaseState {
     closed: bool,
 }
 
-#[derive(Default)]
 struct Lease {
+    key: Key,
     state: Mutex<LeaseState>,
     freed: Notify,
 }
@@ -161,12 +161,21 @@ impl Lease {
         self.state.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
-    /// One supervisor fewer.
-    fn gone(&self) {
+    /// One supervisor fewer; a lease with none left leaves the registry (it stays bounded by
+    /// the leases in use).
+    fn gone(self: &Arc<Self>) {
         let mut st = self.lock();
         st.total = st.total.saturating_sub(1);
+        let empty = st.total == 0 && st.idle.is_empty();
         drop(st);
         self.freed.notify_waiters();
+        if empty {
+            let mut leases = registry().leases.lock().unwrap_or_else(PoisonError::into_inner);
+            let ours = leases.get(&self.key).is_some_and(|l| Arc::ptr_eq(l, self));
+            if ours && self.lock().total == 0 {
+                leases.remove(&self.key);
+            }
+        }
     }
 }
 
@@ -198,7 +207,10 @@ fn lease_for(cfg: &Config, sandbox_id: &str) -> Result<Arc<Lease>> {
         reg.runtime.lock().unwrap_or_else(PoisonError::into_inner).get_or_insert(h);
     }
     let mut leases = reg.leases.lock().unwrap_or_else(PoisonError::into_inner);
-    Ok(Arc::clone(leases.entry(key).or_default()))
+    let lease = leases.entry(key.clone()).or_insert_with(|| {
+        Arc::new(Lease { key, state: Mutex::default(), freed: Notify::new() })
+    });
+    Ok(Arc::clone(lease))
 }
 
 static GENERATION: AtomicU64 = AtomicU64::new(1);
@@ -223,6 +235,9 @@ impl Drop for AbortOnDrop {
 
 struct Supervisor {
     generation: u64,
+    /// Bumped each time it goes back to idle: an idle end armed before its last command
+    /// does not end it.
+    epoch: u64,
     sandbox_id: String,
     process_id: String,
     /// The unique path prefix its script carries (list recovery, cancel file, staged stdin).
@@ -273,8 +288,9 @@ fn spawn_end(lease: Arc<Lease>, sup: Supervisor) -> tokio::task::JoinHandle<()> 
 }
 
 /// Puts a supervisor back to idle, with its idle end armed.
-fn release(lease: &Arc<Lease>, sup: Supervisor, idle: Duration) {
-    let generation = sup.generation;
+fn release(lease: &Arc<Lease>, mut sup: Supervisor, idle: Duration) {
+    sup.epoch += 1;
+    let (generation, epoch) = (sup.generation, sup.epoch);
     let mut st = lease.lock();
     if st.closed {
         drop(st);
@@ -289,7 +305,7 @@ fn release(lease: &Arc<Lease>, sup: Supervisor, idle: Duration) {
         tokio::time::sleep(idle).await;
         let taken = {
             let mut st = lease.lock();
-            st.idle.iter().position(|s| s.generation == generation).map(|i| st.idle.swap_remove(i))
+            st.idle.iter().position(|s| s.generation == generation && s.epoch == epoch).map(|i| st.idle.swap_remove(i))
         };
         if let Some(sup) = taken {
             spawn_end(lease, sup);
@@ -415,6 +431,7 @@ async fn create(cfg: &Config, call: &Client, sb: &str, ctx: &Ctx, idle: Duration
     let reader = tokio::spawn(read_loop(Arc::clone(&own), base, tx, cfg.follow.clone(), Arc::clone(&seen_alive)));
     Ok(Supervisor {
         generation: GENERATION.fetch_add(1, Ordering::Relaxed),
+        epoch: 0,
         sandbox_id: sb.to_owned(),
         process_id: pid,
         marker,
@@ -741,15 +758,10 @@ async fn run_one(
 
 /// Takes a clean idle supervisor of the lease, or creates one (within [`MAX_PER_LEASE`]), or
 /// waits for one under the caller's signal. An idle one that is not clean is ended.
-async fn checkout(
-    lease: &Arc<Lease>,
-    cfg: &Config,
-    call: &Client,
-    sb: &str,
-    ctx: &Ctx,
-    idle: Duration,
-) -> Result<Supervisor> {
+async fn checkout(cfg: &Config, call: &Client, sb: &str, ctx: &Ctx, idle: Duration) -> Result<(Arc<Lease>, Supervisor)> {
     loop {
+        // Looked up on every round: a lease that emptied left the registry meanwhile.
+        let lease = &lease_for(cfg, sb)?;
         let freed = lease.freed.notified();
         let mut freed = std::pin::pin!(freed);
         freed.as_mut().enable();
@@ -764,7 +776,7 @@ async fn checkout(
                 spawn_end(Arc::clone(lease), s);
             }
             if let Some(s) = found {
-                return Ok(s);
+                return Ok((Arc::clone(lease), s));
             }
             if st.total < MAX_PER_LEASE {
                 st.total += 1;
@@ -779,7 +791,7 @@ async fn checkout(
             if made.is_err() {
                 lease.gone();
             }
-            return made;
+            return made.map(|s| (Arc::clone(lease), s));
         }
         ctx.run(async {
             freed.await;
@@ -821,8 +833,7 @@ pub async fn execute(
     let Some((line, token)) = record(params)? else {
         return Err(Error::Internal("session record too large"));
     };
-    let lease = lease_for(cfg, sb)?;
-    let mut sup = match checkout(&lease, cfg, &call, sb, &ctx, opts.idle).await {
+    let (lease, mut sup) = match checkout(cfg, &call, sb, &ctx, opts.idle).await {
         Ok(s) => s,
         Err(e) if e.is_abort() && abort.is_aborted() => return aborted(output.finish().await, None, false),
         Err(e) => return Err(e),
