@@ -252,7 +252,7 @@ pub struct NativeExecuteMetadata {
     pub output_truncated: bool,
     pub tree_exited: Option<bool>,
     /// Session mode only (index.js drops it otherwise): whose word the result rests on.
-    #[napi(ts_type = "'supervisor' | 'provider' | null")]
+    #[napi(ts_type = "'supervisor' | 'provider'")]
     pub containment: Option<String>,
 }
 
