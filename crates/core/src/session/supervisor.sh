@@ -32,7 +32,7 @@ while IFS= read -r -t "$__cos_idle" __cos_rec; do
   __cos_pid=$!
   wait "$__cos_pid" 2>/dev/null
   __cos_rc=$?
-  rm -f -- "$__cos_in"
+  [ "$__cos_from" = /dev/null ] || rm -f -- "$__cos_in"
   __cos_left=0
   kill -0 -- "-$__cos_pid" 2>/dev/null && __cos_left=1
   printf '\0\036cos-end:%s:%s:%s\n' "$__cos_tok" "$__cos_rc" "$__cos_left"
