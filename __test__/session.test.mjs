@@ -92,6 +92,7 @@ test('args, env, cwd and a signal death come back as in the default mode', async
   const params = { lease: { providerLeaseId: sandbox }, command: '/bin/bash', args: ['-c', 'printf "%s|" "$FOO" "$PWD" "$@"', '_', "it's", '-n'], env: { FOO: 'b a\'r' }, cwd: '/tmp' }
   const a = await execute(session(), params, AbortSignal.timeout(20_000))
   const b = await execute(ctx.client(), params, AbortSignal.timeout(20_000))
+  assert.equal(a.metadata.containment, 'supervisor')
   assert.equal(a.stdout, b.stdout)
   assert.equal(a.stdout, "b a'r|/tmp|it's|-n|")
   const k = await execute(session(), bashParams(sandbox, 'kill -9 $$'), AbortSignal.timeout(20_000))
