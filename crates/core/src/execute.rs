@@ -111,7 +111,7 @@ pub async fn execute(
     log: Option<mpsc::Sender<LogLine>>,
 ) -> Result<ExecuteResult> {
     if crate::session::applies(cfg, params) {
-        return crate::session::execute(cfg, params, abort, log).await;
+        return Box::pin(crate::session::execute(cfg, params, abort, log)).await;
     }
     let client = Arc::new(cfg.client()?);
     let ctx = Ctx::new(abort.clone());

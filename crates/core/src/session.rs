@@ -207,9 +207,9 @@ fn lease_for(cfg: &Config, sandbox_id: &str) -> Result<Arc<Lease>> {
         reg.runtime.lock().unwrap_or_else(PoisonError::into_inner).get_or_insert(h);
     }
     let mut leases = reg.leases.lock().unwrap_or_else(PoisonError::into_inner);
-    let lease = leases.entry(key.clone()).or_insert_with(|| {
-        Arc::new(Lease { key, state: Mutex::default(), freed: Notify::new() })
-    });
+    let lease = leases
+        .entry(key.clone())
+        .or_insert_with(|| Arc::new(Lease { key, state: Mutex::default(), freed: Notify::new() }));
     Ok(Arc::clone(lease))
 }
 
@@ -281,7 +281,7 @@ fn spawn_end(lease: Arc<Lease>, sup: Supervisor) -> tokio::task::JoinHandle<()> 
         let ctx = Ctx::cleanup(sup.policy.deadline);
         let mut steps = Steps::new();
         let client = Arc::clone(&sup.client);
-        let _ = AssertUnwindSafe(prove(&client, &sup, &ctx, &mut steps)).catch_unwind().await;
+        let _ = AssertUnwindSafe(Box::pin(prove(&client, &sup, &ctx, &mut steps))).catch_unwind().await;
         drop(sup);
         lease.gone();
     })
@@ -758,7 +758,13 @@ async fn run_one(
 
 /// Takes a clean idle supervisor of the lease, or creates one (within [`MAX_PER_LEASE`]), or
 /// waits for one under the caller's signal. An idle one that is not clean is ended.
-async fn checkout(cfg: &Config, call: &Client, sb: &str, ctx: &Ctx, idle: Duration) -> Result<(Arc<Lease>, Supervisor)> {
+async fn checkout(
+    cfg: &Config,
+    call: &Client,
+    sb: &str,
+    ctx: &Ctx,
+    idle: Duration,
+) -> Result<(Arc<Lease>, Supervisor)> {
     loop {
         // Looked up on every round: a lease that emptied left the registry meanwhile.
         let lease = &lease_for(cfg, sb)?;
@@ -786,7 +792,7 @@ async fn checkout(cfg: &Config, call: &Client, sb: &str, ctx: &Ctx, idle: Durati
             }
         };
         if create_one {
-            let made = AssertUnwindSafe(create(cfg, call, sb, ctx, idle)).catch_unwind().await;
+            let made = AssertUnwindSafe(Box::pin(create(cfg, call, sb, ctx, idle))).catch_unwind().await;
             let made = made.unwrap_or(Err(Error::Internal(PANIC)));
             if made.is_err() {
                 lease.gone();
@@ -833,13 +839,13 @@ pub async fn execute(
     let Some((line, token)) = record(params)? else {
         return Err(Error::Internal("session record too large"));
     };
-    let (lease, mut sup) = match checkout(cfg, &call, sb, &ctx, opts.idle).await {
+    let (lease, mut sup) = match Box::pin(checkout(cfg, &call, sb, &ctx, opts.idle)).await {
         Ok(s) => s,
         Err(e) if e.is_abort() && abort.is_aborted() => return aborted(output.finish().await, None, false),
         Err(e) => return Err(e),
     };
     sup.stdin_used |= params.stdin.is_some();
-    let ran = AssertUnwindSafe(run_one(&call, cfg.timeout, &mut sup, &line, &token, &ctx, &mut output))
+    let ran = AssertUnwindSafe(Box::pin(run_one(&call, cfg.timeout, &mut sup, &line, &token, &ctx, &mut output)))
         .catch_unwind()
         .await
         .unwrap_or(Ran::Doubt(Error::Internal(PANIC)));
@@ -850,7 +856,7 @@ pub async fn execute(
         async move {
             let ctx = Ctx::cleanup(sup.policy.deadline);
             let mut steps = Steps::new();
-            let proved = prove(&call, &sup, &ctx, &mut steps).await;
+            let proved = Box::pin(prove(&call, &sup, &ctx, &mut steps)).await;
             drop(sup);
             lease.gone();
             proved.map_err(|()| steps)

@@ -28,7 +28,8 @@ fn routes(emu: &Emulator) -> Vec<&'static str> {
 }
 
 async fn run(c: &Config, sb: &str, script: &str) -> Result<createos_execute_core::execute::ExecuteResult, Error> {
-    execute(c, &params(sb, script), Abort::new(), None).await
+    // Boxed: the command's future is large in a debug build, and a test body awaits several.
+    Box::pin(execute(c, &params(sb, script), Abort::new(), None)).await
 }
 
 /// The abnormal end was proven (a DELETE after the command's input), and the next command
@@ -49,12 +50,15 @@ async fn proven_then_works(emu: &Emulator, c: &Config, sb: &str, pid_before: &st
 async fn sequential_then_killed(profile: Profile) {
     let opts = EmulatorOptions { profile: Some(profile), ..unlimited() };
     with_emulator(opts, |emu| async move {
-        let sb = emu.create_sandbox();
+        let sb = emu.create_sandbox_now();
         let c = session_cfg(&emu, json!({}));
         let mut pid = None;
         for i in 0..4 {
             let r = run(&c, &sb, &format!("printf 'o{i}'; printf 'e{i}' >&2; exit {i}")).await.unwrap();
-            assert_eq!((r.stdout.to_string(), r.stderr.to_string(), r.exit_code), (format!("o{i}"), format!("e{i}"), Some(i)));
+            assert_eq!(
+                (r.stdout.to_string(), r.stderr.to_string(), r.exit_code),
+                (format!("o{i}"), format!("e{i}"), Some(i))
+            );
             assert_eq!(r.containment, Some("supervisor"));
             pid.get_or_insert(r.process_id.clone().unwrap());
             assert_eq!(r.process_id, pid.clone());
@@ -67,8 +71,8 @@ async fn sequential_then_killed(profile: Profile) {
             Err(Error::Protocol(m)) => assert_eq!(m, SUPERVISOR_ENDED),
             other => panic!("expected the supervisor's end, got {other:?}"),
         }
-        proven_then_works(&emu, &c, &sb, &pid).await;
-        destroy_sandbox(&c, &sb).await.unwrap();
+        Box::pin(proven_then_works(&emu, &c, &sb, &pid)).await;
+        Box::pin(destroy_sandbox(&c, &sb)).await.unwrap();
         assert_nothing_alive(&emu).await;
     })
     .await;
@@ -87,7 +91,7 @@ async fn one_input_per_command_and_a_killed_supervisor_is_proven_documented_prof
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_forged_marker_a_lost_stream_and_a_leftover_end_in_the_proof() {
     with_emulator(unlimited(), |emu| async move {
-        let sb = emu.create_sandbox();
+        let sb = emu.create_sandbox_now();
         let c = session_cfg(&emu, json!({ "leftoverProcesses": "terminate" }));
         let first = run(&c, &sb, "true").await.unwrap();
         let pid = first.process_id.unwrap();
@@ -97,19 +101,22 @@ async fn a_forged_marker_a_lost_stream_and_a_leftover_end_in_the_proof() {
             Err(Error::Protocol(m)) => assert_eq!(m, MARKER_INVALID),
             other => panic!("expected an invalid marker, got {other:?}"),
         }
-        proven_then_works(&emu, &c, &sb, &pid).await;
+        Box::pin(proven_then_works(&emu, &c, &sb, &pid)).await;
         // An error frame on the stream fails closed.
         let pid = run(&c, &sb, "true").await.unwrap().process_id.unwrap();
-        fault(&emu, json!({ "route": "input", "times": 1, "action": { "kind": "dropConnection", "afterHandler": true } }));
+        fault(
+            &emu,
+            json!({ "route": "input", "times": 1, "action": { "kind": "dropConnection", "afterHandler": true } }),
+        );
         assert!(run(&c, &sb, "echo lost").await.is_err());
         emu.clear_faults();
-        proven_then_works(&emu, &c, &sb, &pid).await;
+        Box::pin(proven_then_works(&emu, &c, &sb, &pid)).await;
         // A leftover with 'terminate': the session ends through the proof.
         emu.clear_requests();
         let r = run(&c, &sb, "sleep 300 & echo $!").await.unwrap();
         assert_eq!((r.exit_code, r.containment, r.tree_exited), (Some(0), Some("provider"), Some(true)));
         assert!(count(&emu, "deleteProcess") >= 1, "the proof was sent");
-        destroy_sandbox(&c, &sb).await.unwrap();
+        Box::pin(destroy_sandbox(&c, &sb)).await.unwrap();
         assert_nothing_alive(&emu).await;
     })
     .await;
