@@ -10,8 +10,8 @@ import { startEmu } from './lib/emu.mjs'
 import { fmt, stats } from './lib/stats.mjs'
 
 const require = createRequire(import.meta.url)
-const { loadLib } = require('./lib/load.cjs')
-const lib = loadLib()
+// Session mode is index.js's (its config checks pass `session` on): loaded as a host does.
+const lib = require('../index.js')
 const now = () => performance.now()
 const sleep = (ms) => new Promise((r) => setTimeout(r, ms))
 const echo = (sb) => ({ lease: { providerLeaseId: sb }, command: 'echo', args: ['hi'] })
@@ -92,7 +92,7 @@ export async function sessionBench(opts, { emulator, row, note, log }) {
     const end = now() + seconds * 1000
     const worker = async () => {
       while (now() < end) {
-        const r = await lib.execute(client, echo(s), AbortSignal.timeout(Math.max(1000, end - now() + 100))).catch(() => null)
+        const r = await lib.execute(client, echo(s), AbortSignal.timeout(Math.round(Math.max(1000, end - now() + 100)))).catch(() => null)
         if (r && !r.timedOut && r.exitCode === 0 && now() <= end) done++
       }
     }

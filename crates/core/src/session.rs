@@ -4,8 +4,8 @@
 //! **The supervisor** (`session/supervisor.sh`) is `/bin/bash -c <script>`, a managed process
 //! created like any other (its first line names the creation attempt and its marker path, so
 //! an ambiguous creation is recovered from the process list as in the default mode). It reads
-//! one record per line from its stdin — `<token> <base64 script> <base64 stdin | ->`, the
-//! script being `script.rs`'s `command_script` — and runs the command with
+//! one record per line from its stdin — `<token> <script, \xHH-escaped> <base64 stdin | ->`,
+//! the script being `script.rs`'s `command_script` — and runs the command with
 //! `setsid /bin/bash -lc <script>` in a process group of its own, stdin from the decoded file
 //! or `/dev/null` (never its own stdin), stdout and stderr its own (the bytes are never
 //! re-encoded in the sandbox). Before the command it writes a begin marker on both streams,
@@ -117,17 +117,34 @@ pub fn parse(v: Option<&Value>) -> Result<Option<SessionOptions>> {
 }
 
 /// One command's record line (without its newline) and token, or `None` when it is too big
-/// for one input (then the command runs in the default mode).
+/// for one input (then the command runs in the default mode). The script is sent with every
+/// byte outside `[A-Za-z0-9_./=+-]` as `\xHH`, which the supervisor decodes with bash's
+/// builtin `printf -v … %b` (no process is spawned for it); stdin, which may hold any byte, as
+/// base64 into a file.
 fn record(params: &Params) -> Result<Option<(String, String)>> {
     let script = script::command_script(&params.command(), None)?;
-    let b64 = base64::engine::general_purpose::STANDARD;
     let stdin_len = params.stdin.as_ref().map_or(0, String::len);
-    if (script.len() + stdin_len) / 3 * 4 + 64 > MAX_RECORD_BYTES {
+    if script.len().saturating_mul(4).saturating_add(stdin_len / 3 * 4).saturating_add(64) > MAX_RECORD_BYTES {
         return Ok(None);
     }
     let token = uuid::Uuid::new_v4().simple().to_string();
+    let b64 = base64::engine::general_purpose::STANDARD;
     let stdin = params.stdin.as_ref().map_or_else(|| "-".to_owned(), |s| b64.encode(s.as_bytes()));
-    Ok(Some((format!("{token} {} {stdin}", b64.encode(script.as_bytes())), token)))
+    Ok(Some((format!("{token} {} {stdin}", escape(&script)), token)))
+}
+
+/// `\xHH` for every byte outside `[A-Za-z0-9_./=+-]` (see [`record`]).
+fn escape(script: &str) -> String {
+    use std::fmt::Write as _;
+    let mut out = String::with_capacity(script.len() * 2);
+    for b in script.bytes() {
+        if b.is_ascii_alphanumeric() || b"_./=+-".contains(&b) {
+            out.push(char::from(b));
+        } else {
+            let _ = write!(out, "\\x{b:02x}");
+        }
+    }
+    out
 }
 
 /// Whether `execute` runs this call in session mode: configured, over the native transport
@@ -953,6 +970,18 @@ mod tests {
         ];
         for c in cases {
             assert_eq!(run(&[&c]).1, Err(()));
+        }
+    }
+
+    #[test]
+    fn escaped_scripts_decode_in_bash_unchanged() {
+        for v in ["plain", "a b\tc\nd\n\n", "it's \\x41 \\c %s %b", "é😀\u{1e}", "-n", "\\", "x\\"] {
+            let out = std::process::Command::new("/bin/bash")
+                .args(["-c", "printf -v s '%b' \"$1\"; printf %s \"$s\"", "_", &escape(v)])
+                .output()
+                .unwrap();
+            assert_eq!(String::from_utf8(out.stdout).unwrap(), v);
+            assert!(!escape(v).contains(' '));
         }
     }
 

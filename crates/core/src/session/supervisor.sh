@@ -1,7 +1,7 @@
 # The session supervisor (see session.rs). The client prepends three assignments:
 # __cos_attempt (the creation attempt), __cos_marker (this supervisor's unique path prefix)
 # and __cos_idle (seconds without a record before it exits on its own).
-# A record is one line on stdin: "<token> <base64 script> <base64 stdin | ->".
+# A record is one line on stdin: "<token> <script, \xHH-escaped> <base64 stdin | ->".
 if [ -s "$__cos_marker.cancelled" ]; then
   __cos_c=
   read -r __cos_c < "$__cos_marker.cancelled"
@@ -19,7 +19,7 @@ while IFS= read -r -t "$__cos_idle" __cos_rec; do
   __cos_sin=${__cos_rest#* }
   case $__cos_tok in ''|*[!0-9a-f]*) exit 3;; esac
   [ "${#__cos_tok}" -eq 32 ] || exit 3
-  __cos_script=$(printf %s "$__cos_cmd" | base64 -d) || exit 3
+  printf -v __cos_script '%b' "$__cos_cmd" || exit 3
   if [ "$__cos_sin" = - ]; then
     __cos_from=/dev/null
   else
