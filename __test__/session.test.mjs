@@ -265,3 +265,24 @@ test('session config is checked before anything is sent', async (t) => {
   }
   assert.deepEqual(ctx.requests(), [])
 })
+
+test('a host process that ends with an idle supervisor is not kept alive, and ends it with the proof on its way out', async (t) => {
+  const sandbox = fresh(t)
+  const { spawn } = await import('node:child_process')
+  const child = `
+    const lib = require(${JSON.stringify(new URL('../index.js', import.meta.url).pathname)})
+    lib.execute({ config: { apiUrl: ${JSON.stringify(ctx.url)}, timeoutMs: 5000, session: { idleMs: 600000 } }, apiKey: ${JSON.stringify(ctx.apiKey)} },
+      { lease: { providerLeaseId: ${JSON.stringify(sandbox)} }, command: 'echo', args: ['child'] })
+      .then((r) => process.stdout.write(r.stdout + r.metadata.containment))`
+  const started = Date.now()
+  const proc = spawn(process.execPath, ['-e', child], { stdio: ['ignore', 'pipe', 'inherit'] })
+  let out = ''
+  proc.stdout.on('data', (d) => { out += d })
+  const code = await new Promise((resolve) => proc.on('exit', resolve))
+  assert.equal(code, 0)
+  assert.equal(out, 'child\nsupervisor')
+  assert.ok(Date.now() - started < 60_000, 'the idle timer did not keep the process alive')
+  const k = kinds(ctx.requests())
+  assert.ok(k.includes('deleteProcess'), `the supervisor was ended on the way out: ${k}`)
+  await until(() => supervisors().length === 0, 'no supervisor alive')
+})
