@@ -135,6 +135,8 @@ export interface NativeExecuteMetadata {
   processId: string | null
   outputTruncated: boolean
   treeExited: boolean | null
+  /** Session mode only (index.js drops it otherwise): whose word the result rests on. */
+  containment: 'supervisor' | 'provider' | null
 }
 
 /** The value of a completed (or timed-out) command. */

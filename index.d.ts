@@ -98,6 +98,15 @@ export interface CreateosConfigLike {
    * fetch's business and are not applied.
    */
   transport?: 'native' | 'fetch' | null
+  /**
+   * Session mode (off by default; see docs/session.md): each command is one `POST …/input` to
+   * a long-lived supervisor per lease, its output and exit come back over the supervisor's one
+   * stream. For trusted tooling: a normal exit rests on the supervisor's word
+   * (`metadata.containment: 'supervisor'`); every other end is proven by the provider.
+   * `true` = idle supervisors end after 30 s; `{ idleMs }` (1000–3600000) sets that time.
+   * Needs the native transport (with `fetch` the default mode runs).
+   */
+  session?: boolean | { idleMs?: number | null } | null
 }
 
 /** The host's `CreateosClient`, or a plain `{ config, apiKey }`. */
@@ -125,7 +134,7 @@ export interface ExecuteParams {
    * `AbortSignal.timeout(params.timeoutMs)` as the signal to get `timedOut: true`.
    */
   timeoutMs?: number
-  /** Ignored: this package opens no persistent session, every command runs one-shot. */
+  /** Ignored: session mode is the client's `config.session` (see docs/session.md). */
   bypassSession?: boolean
   /** Ignored (the SDK's driver params: `driverKey`, `companyId`, `environmentId`, `config` likewise). */
   issueId?: string | null
@@ -144,6 +153,12 @@ export type ExecuteMetadata = {
    * but the process record that would say could not be read: the result still stands).
    */
   treeExited: boolean | null
+  /**
+   * Session mode only (absent otherwise): `'supervisor'` when the result rests on the
+   * supervisor's report of a normal exit, `'provider'` when the supervisor's tree was ended
+   * and proven gone by the provider (a timeout, a leftover with `'terminate'`).
+   */
+  containment?: 'supervisor' | 'provider'
 }
 
 export type ExecuteResult = {

@@ -34,7 +34,10 @@ async function execute(client, params, signal, log) {
   const onLog = guardLog(log)
   const onDiag = diagnosticsCallback()
   const transport = transportFor(c.transport)
-  return unwrap(await withCancel(signal, (handle) => native.executeNative(c, p, handle, onLog, onDiag, transport)))
+  const value = unwrap(await withCancel(signal, (handle) => native.executeNative(c, p, handle, onLog, onDiag, transport)))
+  // `containment` is session mode's (config.session); the default mode's metadata has none.
+  if (value.metadata.containment == null) delete value.metadata.containment
+  return value
 }
 
 async function executeStream(client, params, signal, log) {

@@ -24,8 +24,12 @@ void quoted;
 // removed, renamed or retyped on either side stops this compiling.
 import type { ExecuteResult, ExecuteMetadata, ProcessExit, SandboxTerminationReceipt, CleanupAttempt, DestroyAttempt } from "createos-execute";
 type Equal<A, B> = (<T>() => T extends A ? 1 : 2) extends <T>() => T extends B ? 1 : 2 ? true : false;
-const resultShape: Equal<native.NativeExecuteResult, ExecuteResult> = true;
-const metadataShape: Equal<native.NativeExecuteMetadata, ExecuteMetadata> = true;
+// index.js drops a null `containment` (it is session mode's): the public field is optional.
+type Flat<T> = { [K in keyof T]: T[K] };
+type PublicMetadata = Flat<Omit<native.NativeExecuteMetadata, "containment"> & { containment?: Exclude<native.NativeExecuteMetadata["containment"], null> }>;
+type PublicResult = Flat<Omit<native.NativeExecuteResult, "metadata"> & { metadata: PublicMetadata }>;
+const resultShape: Equal<PublicResult, ExecuteResult> = true;
+const metadataShape: Equal<PublicMetadata, ExecuteMetadata> = true;
 const exitShape: Equal<native.NativeProcessExit, ProcessExit> = true;
 const receiptShape: Equal<native.NativeTerminationReceipt, SandboxTerminationReceipt> = true;
 // The attempts narrow `step` and `outcome` to the words that occur (checked against the Rust

@@ -41,6 +41,10 @@
 // echo with the native client and with the host's fetch (`transport: 'fetch'`), a fresh node
 // process per run: MB/s, peak RSS above idle, echo wall time.
 //
+// §13 (session mode, benches/session.mjs) against the default mode in the same run: requests
+// per command over 100 sequential echos (--quick: 20), a warm echo over TLS at 50 ms RTT, and
+// commands per minute on a 300-per-minute budget (scaled in time).
+//
 // Nothing here asserts timings: the machine may be noisy. Targets are printed beside
 // the numbers for the reader.
 import { execFile, execFileSync, fork, spawn } from 'node:child_process'
@@ -53,6 +57,7 @@ import { api, startEmu } from './lib/emu.mjs'
 import { pidsOf, startScanner } from './lib/procscan.mjs'
 import { fmt, renderTable, stats } from './lib/stats.mjs'
 import { transports } from './transport.mjs'
+import { sessionBench } from './session.mjs'
 
 const require = createRequire(import.meta.url)
 const { loadLib, ROOT } = require('./lib/load.cjs')
@@ -97,7 +102,7 @@ function parseArgs(argv) {
   return {
     ...o,
     runs: o.runs ?? (q ? 3 : 5),
-    sections: o.sections ?? new Set(['1', '2', '3', '4', '5', '6', '7', '8', '9', '10', '11', '12']),
+    sections: o.sections ?? new Set(['1', '2', '3', '4', '5', '6', '7', '8', '9', '10', '11', '12', '13']),
     emulator: o.emulator ?? (q ? 'child' : 'both'),
     baseline: o.baseline ?? (q ? 'auto' : 'build'),
     out: o.out ?? join(ROOT, 'bench-results', q ? 'quick.json' : 'latest.json'),
@@ -1115,6 +1120,7 @@ async function main() {
       rows.push(...f.rows)
       results.pacingFaults = f.results
     }
+    if (opts.sections.has('13')) results.session = await sessionBench(opts, { emulator, row, note, log })
   } finally {
     survivors = await closeAll()
   }

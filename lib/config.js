@@ -26,6 +26,7 @@ const CONFIG_FIELDS = Object.freeze([
   'streamIdleTimeoutMs',
   'proxy',
   'caCertPem',
+  'session',
   // Which transport carries the requests (lib/fetch-transport.js); native ignores it.
   'transport',
   // Test hook: honoured only by a build with the `test-hooks` feature.
@@ -56,6 +57,8 @@ const MESSAGES = Object.freeze({
   proxy: 'proxy must be an http:// or https:// proxy URL.',
   caCertPem: 'caCertPem must be a PEM string with at least one certificate.',
   transport: "transport must be 'native' or 'fetch'.",
+  session: 'session must be true, false or an object { idleMs }.',
+  'session.idleMs': 'session.idleMs must be an integer between 1000 and 3600000.',
 })
 
 /** What a config value was, for a message: its type, or a number itself (never a string's content). */
@@ -112,6 +115,16 @@ function graces(field) {
   return out
 }
 
+// `session`: a boolean, or `{ idleMs }` (crates/core/src/session.rs).
+function session(field) {
+  const v = field.value
+  if (!field.threw && typeof v === 'boolean') return v
+  if (field.threw || typeof v !== 'object' || Array.isArray(v) || ArrayBuffer.isView(v)) throw refuse('session', `got ${got(field)}`)
+  const idle = readField(v, 'idleMs')
+  if (!idle.threw && (idle.value === undefined || idle.value === null)) return {}
+  return { idleMs: integerIn('session.idleMs', 1000, 3_600_000)(idle) }
+}
+
 const PACING_CHECKS = {
   limit: integerIn('pacing.limit', 1, 1_000_000),
   windowMs: integerIn('pacing.windowMs', 1, 3_600_000),
@@ -162,6 +175,7 @@ const CHECKS = {
   caCertPem: stringField('caCertPem'),
   // Read by lib/fetch-transport.js; the native config ignores it.
   transport: oneOf('transport', ['native', 'fetch']),
+  session,
 }
 
 // Which key: the client's own, else `config.apiKey`, else CREATEOS_API_KEY. An

@@ -22,7 +22,8 @@
 // Prints counts by scenario and outcome and `N passed, N failed` (passed = calls with no
 // violation); exits 1 on any violation.
 //
-// Options: --quick | --calls N | --minutes M | --workers W | --seed S | --verbose
+// Options: --quick | --calls N | --minutes M | --workers W | --seed S | --verbose | --session
+// (--session: every call in session mode, checked by scripts/soak-session.mjs)
 import { createRequire } from 'node:module'
 import { spawnSync } from 'node:child_process'
 import { readdirSync, readlinkSync } from 'node:fs'
@@ -38,6 +39,7 @@ const require = createRequire(import.meta.url)
 const lib = require('../index.js')
 const { startEmulator } = require('createos-execute-emulator')
 const { execute, CreateosApiError, CreateosCleanupError, isCreateosCleanupError } = lib
+const soakSession = await import('./soak-session.mjs')
 
 // ---------------------------------------------------------------------------
 // Options
@@ -50,6 +52,7 @@ const opt = (name, dflt) => {
 }
 const QUICK = flag('--quick')
 const VERBOSE = flag('--verbose')
+const SESSION = flag('--session')
 const TARGET_CALLS = opt('--calls', QUICK ? 400 : 3000)
 const MAX_MS = opt('--minutes', QUICK ? 1.5 : 9) * 60_000
 const WORKERS = opt('--workers', 3)
@@ -130,7 +133,7 @@ function outputScript({ chunks = int(1, 6), big = rand() < 0.1, tailSleep = 0 } 
 //         'any'      a complete result, a timed-out one, or a named error
 //         'cleanup'  CreateosCleanupError (a process really survives: stubborn tree)
 
-const FAULT_ROUTES = ['putFile', 'createProcess', 'connect', 'getProcess', 'deleteProcess', 'wait', 'listProcesses', 'exec']
+const FAULT_ROUTES = ['putFile', 'createProcess', 'connect', 'getProcess', 'deleteProcess', 'wait', 'listProcesses', 'exec', ...(SESSION ? ['input'] : [])]
 
 const SCENARIOS = [
   [20, 'clean', () => ({ script: outputScript(), expect: 'ok' })],
@@ -220,6 +223,7 @@ const KNOWN_MESSAGES = new Set([
   'CreateOS process output has a sequence gap.',
   'CreateOS process output was evicted before it could be read.',
   'CreateOS process stream reported an error.',
+  ...(SESSION ? ["CreateOS session supervisor ended before the command's exit status.", 'CreateOS session marker is invalid.'] : []),
 ])
 const API_MESSAGE = /^CreateOS request failed \(HTTP [1-5]\d\d\) during [a-z ]+\.$/
 
@@ -287,6 +291,7 @@ function makeClient(emu) {
       cleanupGraceMs: [50, 200],
       cleanupDeadlineMs: CLEANUP_DEADLINE_MS,
       confirmPollMs: 300,
+      ...(SESSION ? { session: { idleMs: 5000 } } : {}),
     },
     apiKey: emu.apiKey,
   }
@@ -352,6 +357,11 @@ function checkResult(emu, sb, spec, r, expect) {
     v.push(`emulator has no output record for ${meta.processId}`)
     return v
   }
+  if (SESSION) {
+    v.push(...soakSession.checkOutput(rec, res))
+    if (spec.wantStdout !== undefined && !res.timedOut && res.stdout !== spec.wantStdout) v.push('stdout differs from stdin')
+    return v
+  }
   for (const stream of ['stdout', 'stderr']) {
     const want = decode(rec[stream])
     const got = res[stream]
@@ -374,13 +384,17 @@ function checkResult(emu, sb, spec, r, expect) {
 }
 
 async function record(emu, name, spec, results, checks) {
-  // Survival: right after the call, before anything else can reap or kill.
-  const liveNow = emu.livePids()
+  // Survival: right after the call, before anything else can reap or kill. In session mode
+  // idle supervisors live by design (the proof of an abnormal end is checked in scenarioCall).
+  const all = emu.livePids()
+  const supervisors = SESSION ? soakSession.supervisorPids(all) : []
+  const liveNow = all.filter((pid) => !supervisors.includes(pid))
   const cleanupErrors = results.filter((r) => r.error && isCreateosCleanupError(r.error))
   let live = liveNow
   if (cleanupErrors.length === 0 && liveNow.length > 0) {
     // A finished tree is declared exited after two /proc scans (~50 ms): give it time.
     live = await waitNoSurvivors(emu, 1500)
+    if (SESSION) live = live.filter((pid) => !soakSession.supervisorPids(live).includes(pid))
   }
   const perCall = checks.map((c) => [...c])
   if (cleanupErrors.length > 0 && liveNow.length === 0) {
@@ -405,11 +419,13 @@ async function record(emu, name, spec, results, checks) {
       }
     }
   }
-  if (liveNow.length > 0 || live.length > 0) {
+  if (liveNow.length > 0 || live.length > 0 || (SESSION && cleanupErrors.length > 0)) {
     emu.clearFaults()
     const left = await killSurvivors(emu)
     if (left.length) throw new Error(`could not kill survivors ${left.join(',')}`)
+    return true
   }
+  return false
 }
 
 async function scenarioCall(emu, sb, name, make) {
@@ -419,13 +435,19 @@ async function scenarioCall(emu, sb, name, make) {
     const specs = Array.from({ length: spec.concurrent }, () => ({ script: outputScript(), stdin: rand() < 0.3 ? 'in\n' : undefined }))
     const results = await Promise.all(specs.map((s) => runOne(emu, sb, s)))
     const checks = results.map((r, i) => checkResult(emu, sb, specs[i], r, 'ok'))
-    await record(emu, name, spec, results, checks)
-    return
+    return record(emu, name, spec, results, checks)
   }
+  const before = SESSION ? await soakSession.supervisorsOf(emu, sb) : null
+  const from = SESSION ? emu.requests().length : 0
   for (const f of spec.faults || []) emu.addFault(f)
   const r = await runOne(emu, sb, spec)
   emu.clearFaults()
-  await record(emu, name, spec, [r], [checkResult(emu, sb, spec, r, spec.expect)])
+  const checks = checkResult(emu, sb, spec, r, spec.expect)
+  const abnormal = r.error || r.value.timedOut || (r.value.metadata && r.value.metadata.containment === 'provider')
+  if (SESSION && abnormal && !(r.error && isCreateosCleanupError(r.error))) {
+    checks.push(...soakSession.checkProof(before, await soakSession.supervisorsOf(emu, sb), r.value, emu.requests().slice(from)))
+  }
+  return record(emu, name, spec, [r], [checks])
 }
 
 // ---------------------------------------------------------------------------
@@ -462,10 +484,19 @@ async function worker(id, deadline, startedAt, emus) {
   const emu = await startEmulator({ rateLimitPerMinute: null })
   emus.push(emu)
   const sandboxes = [emu.createSandbox(), emu.createSandbox()]
+  // Session mode: supervisors the harness killed are replaced with fresh sandboxes (the
+  // destroy ends what the client still holds), and every sandbox is destroyed at the end.
+  const renew = async () => {
+    for (const [i, sb] of sandboxes.entries()) {
+      await lib.destroySandbox(makeClient(emu), sb).catch(() => {})
+      sandboxes[i] = emu.createSandbox()
+    }
+  }
   while (calls < TARGET_CALLS && Date.now() < deadline) {
     const [, name, make] = weighted(SCENARIOS.map((s) => [s[0], s]))
     try {
-      await scenarioCall(emu, pick(sandboxes), name, make)
+      const killed = await scenarioCall(emu, pick(sandboxes), name, make)
+      if (SESSION && killed) await renew()
     } catch (e) {
       violations.push({ scenario: name, problems: [`soak harness: ${e && e.stack}`] })
       console.error(`HARNESS [${name}] ${e && e.stack}`)
@@ -474,10 +505,11 @@ async function worker(id, deadline, startedAt, emus) {
       console.log(`.. ${calls} calls, ${violations.length} violations, ${Math.round((Date.now() - startedAt) / 1000)} s`)
     }
   }
+  if (SESSION) await renew()
 }
 
 async function main() {
-  console.log(`soak: seed ${SEED}, ${WORKERS} workers, target ${TARGET_CALLS} calls, at most ${Math.round(MAX_MS / 1000)} s${QUICK ? ' (quick)' : ''}`)
+  console.log(`soak${SESSION ? ' (session mode)' : ''}: seed ${SEED}, ${WORKERS} workers, target ${TARGET_CALLS} calls, at most ${Math.round(MAX_MS / 1000)} s${QUICK ? ' (quick)' : ''}`)
   const baseSockets = socketFds()
   const baseResources = resources()
   // Warm-up (loads the addon, builds the HTTP client) before the heap baseline.

@@ -161,6 +161,7 @@ fn register(env: &Env, abort: Option<Abort>, gone: Abort) -> Registered {
 /// [`TEARDOWN_WAIT`], until they have finished.
 fn teardown(key: usize) {
     end_calls(key);
+    createos_execute_core::session::end_all_blocking(TEARDOWN_WAIT);
     registry().0.lock().unwrap_or_else(PoisonError::into_inner).remove(&key);
 }
 
@@ -193,6 +194,7 @@ fn end_calls(key: usize) {
 #[napi]
 pub fn end_in_flight_calls(env: &Env) {
     end_calls(env.raw() as usize);
+    createos_execute_core::session::end_all_blocking(TEARDOWN_WAIT);
 }
 
 // ---------------------------------------------------------------------------
@@ -249,6 +251,9 @@ pub struct NativeExecuteMetadata {
     pub process_id: Option<String>,
     pub output_truncated: bool,
     pub tree_exited: Option<bool>,
+    /// Session mode only (index.js drops it otherwise): whose word the result rests on.
+    #[napi(ts_type = "'supervisor' | 'provider'")]
+    pub containment: Option<String>,
 }
 
 /// The value of a completed (or timed-out) command.
@@ -427,6 +432,7 @@ fn execute_value(r: ExecuteResult) -> NativeExecuteResult {
             process_id: r.process_id,
             output_truncated: r.output_truncated,
             tree_exited: r.tree_exited,
+            containment: r.containment.map(str::to_owned),
         },
     }
 }

@@ -66,6 +66,8 @@ pub struct Config {
     /// The host's `fetch`, when requests go through it (set by the caller, never parsed;
     /// see `transport.rs`). `None`: the native client.
     pub host_fetch: Option<std::sync::Arc<dyn crate::transport::HostFetch>>,
+    /// `session` (see `session.rs`): `None` = off, the default.
+    pub session: Option<crate::session::SessionOptions>,
 }
 
 impl Config {
@@ -224,7 +226,9 @@ pub fn parse_config(v: &Value) -> Result<Config> {
         follow.idle_timeout = Duration::from_millis(integer(i, 1000, 3_600_000).ok_or(Error::Input(INVALID_IDLE))?);
     }
     let net = parse_net(m, api_url)?;
+    let session = crate::session::parse(opt(m, "session"))?;
     Ok(Config {
+        session,
         net,
         api_url: api_url.to_owned(),
         api_key,

@@ -59,6 +59,8 @@ pub struct ExecuteResult {
     pub output_truncated: bool,
     /// Whether the process tree had exited when the command finished (None = unknown).
     pub tree_exited: Option<bool>,
+    /// Session mode only: whose word the result rests on, `supervisor` or `provider`.
+    pub containment: Option<&'static str>,
 }
 
 impl ExecuteResult {
@@ -108,6 +110,9 @@ pub async fn execute(
     abort: Abort,
     log: Option<mpsc::Sender<LogLine>>,
 ) -> Result<ExecuteResult> {
+    if crate::session::applies(cfg, params) {
+        return Box::pin(crate::session::execute(cfg, params, abort, log)).await;
+    }
     let client = Arc::new(cfg.client()?);
     let ctx = Ctx::new(abort.clone());
     let mut output = Output::new(log);
@@ -689,6 +694,8 @@ pub async fn follow_process(
 pub async fn destroy_sandbox(cfg: &Config, sandbox_id: &str) -> Result<()> {
     let client = cfg.client()?;
     let ctx = Ctx::cleanup(cfg.cleanup.deadline);
+    // Session supervisors of the sandbox end first, with their proof, within the deadline.
+    crate::session::end_sandbox(sandbox_id, &Ctx::cleanup(cfg.cleanup.deadline / 2)).await;
     let run = cleanup::destroy_sandbox(&client, sandbox_id, &ctx);
     AssertUnwindSafe(run).catch_unwind().await.unwrap_or_else(|_| {
         Err(Error::DestroyUnconfirmed(Box::new(crate::error::DestroyReport {

@@ -19,5 +19,6 @@ pub mod net;
 pub mod output;
 pub mod pacer;
 pub mod script;
+pub mod session;
 pub mod stream;
 pub mod transport;

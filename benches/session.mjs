@@ -1,0 +1,106 @@
+// §13 (session mode, docs/session.md), against the default mode in the same run:
+//   - requests per command, amortised over N sequential echos (100; --quick: 20), counting
+//     everything the emulator saw from the first command to the supervisor's proven end;
+//   - a warm echo over TLS (h2) at 50 ms RTT: wall time and wall/RTT;
+//   - commands per minute on a 300-per-minute budget: the budget scaled down in time (limit L
+//     per W ms, L/W = 300 per 60 s), 4 callers issuing echos back to back for a few windows.
+// Targets (printed, never asserted): ≤ 1.2 req/cmd, ≤ 1.5 RTT, ≥ 200 commands per minute.
+import { createRequire } from 'node:module'
+import { startEmu } from './lib/emu.mjs'
+import { fmt, stats } from './lib/stats.mjs'
+
+const require = createRequire(import.meta.url)
+// Session mode is index.js's (its config checks pass `session` on): loaded as a host does.
+const lib = require('../index.js')
+const now = () => performance.now()
+const sleep = (ms) => new Promise((r) => setTimeout(r, ms))
+const echo = (sb) => ({ lease: { providerLeaseId: sb }, command: 'echo', args: ['hi'] })
+
+const MODES = [['default', undefined], ['session', { idleMs: 2000 }]]
+
+function clientOf(emu, session, extra = {}) {
+  const config = { apiUrl: emu.url, timeoutMs: 60_000, ...extra }
+  if (session) config.session = session
+  return { config, apiKey: emu.apiKey }
+}
+
+/** Waits until the emulator runs nothing (the idle supervisor ended with its proof). */
+async function drained(emu, ms = 20_000) {
+  const end = Date.now() + ms
+  while ((await emu.livePids()).length && Date.now() < end) await sleep(50)
+}
+
+export async function sessionBench(opts, { emulator, row, note, log }) {
+  const out = {}
+  const n = opts.quick ? 20 : 100
+  // 1. Requests per command over n sequential echos.
+  out.requests = {}
+  for (const [mode, session] of MODES) {
+    const emu = await emulator('child')
+    const sb = await emu.createSandbox()
+    const client = clientOf(emu, session, { pacing: 'off' })
+    log(`§13 ${n} sequential echos, ${mode}`)
+    await emu.clearRequests()
+    for (let i = 0; i < n; i++) {
+      const r = await lib.execute(client, echo(sb))
+      if (r.exitCode !== 0 || r.stdout !== 'hi\n') note(`§13 ${mode}: exitCode ${r.exitCode}, stdout ${JSON.stringify(r.stdout)}`)
+    }
+    await drained(emu)
+    await sleep(100)
+    const reqs = (await emu.requests()).length
+    out.requests[mode] = reqs / n
+    row('12', `requests per command over ${n} sequential echos, ${mode}`, stats([reqs / n]), 'req', mode === 'session' ? `${reqs} requests in all, the supervisor's creation, stream and proven end included; target ≤ 1.2` : `${reqs} requests in all`, 2)
+  }
+  // 2. A warm echo over TLS (h2) at 50 ms RTT.
+  out.wan = {}
+  const rtt = 50
+  const emu = await emulator('child', { tls: true, http2: true, rttMs: rtt })
+  const sb = await emu.createSandbox()
+  for (const [mode, session] of MODES) {
+    const client = clientOf(emu, session && { idleMs: 60_000 }, { caCertPem: emu.caPem })
+    log(`§13 warm echo over TLS at ${rtt} ms RTT, ${mode}`)
+    const walls = []
+    const reqs = []
+    const runs = opts.quick ? 3 : 10
+    for (let i = 0; i < runs + 1; i++) {
+      await emu.clearRequests()
+      const t = now()
+      const r = await lib.execute(client, echo(sb))
+      const ms = now() - t
+      if (r.exitCode !== 0 || r.stdout !== 'hi\n') note(`§13 TLS ${mode}: exitCode ${r.exitCode}`)
+      await sleep(20)
+      if (i === 0) continue // warm-up: the connection (and, in session mode, the supervisor)
+      walls.push(ms)
+      reqs.push((await emu.requests()).length)
+    }
+    const s = stats(walls)
+    out.wan[mode] = { wallMs: s, perRtt: s.median / rtt, requests: stats(reqs).median }
+    row('12', `warm echo, TLS h2, RTT ${rtt} ms, ${mode}`, s, 'ms', `${fmt(s.median / rtt, 2)} RTT; ${fmt(stats(reqs).median, 0)} req/cmd${mode === 'session' ? '; target ≤ 1.5 RTT' : ''}`, 0)
+  }
+  await lib.destroySandbox(clientOf(emu, undefined, { caCertPem: emu.caPem }), sb)
+  // 3. Commands per minute on a 300-per-minute budget, scaled in time.
+  out.budget = {}
+  const windowMs = opts.quick ? 2000 : 6000
+  const limit = windowMs / 200 // 300 per 60 s
+  const seconds = opts.quick ? 6 : 30
+  for (const [mode, session] of MODES) {
+    const e = await emulator('child')
+    const s = await e.createSandbox()
+    const client = clientOf(e, session && { idleMs: 60_000 }, { pacing: { limit, windowMs } })
+    log(`§13 commands per minute at ${limit} per ${windowMs} ms, ${mode}, ${seconds} s`)
+    let done = 0
+    const end = now() + seconds * 1000
+    const worker = async () => {
+      while (now() < end) {
+        const r = await lib.execute(client, echo(s), AbortSignal.timeout(Math.round(Math.max(1000, end - now() + 100)))).catch(() => null)
+        if (r && !r.timedOut && r.exitCode === 0 && now() <= end) done++
+      }
+    }
+    await Promise.all([worker(), worker(), worker(), worker()])
+    const perMinute = (done * 60) / seconds
+    out.budget[mode] = perMinute
+    row('12', `commands per minute, budget 300/min (${limit} per ${windowMs} ms), 4 callers, ${mode}`, stats([perMinute]), 'cmd/min', mode === 'session' ? 'target ≥ 200' : 'about 75 expected', 0)
+    await lib.destroySandbox(clientOf(e, undefined, { pacing: { limit, windowMs } }), s).catch((err) => note(`§13 destroy: ${err && err.message}`))
+  }
+  return out
+}
