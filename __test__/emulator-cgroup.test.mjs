@@ -4,8 +4,7 @@
 // its command line here, not from the emulator.
 import { test } from 'node:test'
 import assert from 'node:assert/strict'
-import { readdirSync, readFileSync } from 'node:fs'
-import { lib, kinds, bashParams, useEmulator, sleep, markOf } from './helpers.mjs'
+import { lib, kinds, bashParams, useEmulator, sleep, markOf, uniqueSleep, sleepers } from './helpers.mjs'
 
 const { execute } = lib
 let ctx
@@ -15,26 +14,7 @@ useEmulator(import.meta.url, (c) => { ctx = c; sandbox = c.sandbox() })
 const inCi = !!process.env.CI && process.env.CI !== 'false' && process.env.CI !== '0'
 const isRoot = typeof process.getuid === 'function' && process.getuid() === 0
 
-/** A `sleep` duration no other test uses. */
-function uniqueSleep(base) {
-  return `${base}.${String(process.hrtime.bigint() % 1000000n).padStart(6, '0')}`
-}
 
-/** Live (non-zombie) pids whose command line is exactly `sleep <arg>`. */
-function sleepers(arg) {
-  const want = `sleep\0${arg}\0`
-  const out = []
-  for (const name of readdirSync('/proc')) {
-    if (!/^\d+$/.test(name)) continue
-    try {
-      if (readFileSync(`/proc/${name}/cmdline`, 'latin1') !== want) continue
-      const stat = readFileSync(`/proc/${name}/stat`, 'utf8')
-      const state = stat[stat.lastIndexOf(')') + 2]
-      if (state !== 'Z' && state !== 'X') out.push(Number(name))
-    } catch {}
-  }
-  return out
-}
 
 /** `sleepers(arg)` once one runs (the exec chain env → setsid → sleep takes a moment). */
 async function untilSleepers(arg) {

@@ -6,8 +6,8 @@
 // from /proc by its command line, not from the emulator.
 import { test } from 'node:test'
 import assert from 'node:assert/strict'
-import { readdirSync, readFileSync, existsSync, rmSync } from 'node:fs'
-import { lib, bashParams, useEmulator } from './helpers.mjs'
+import { readFileSync, existsSync, rmSync } from 'node:fs'
+import { lib, bashParams, useEmulator, uniqueSleep, sleepers } from './helpers.mjs'
 
 const { execute } = lib
 let ctx
@@ -17,25 +17,7 @@ const inCi = !!process.env.CI && process.env.CI !== 'false' && process.env.CI !=
 const isRoot = typeof process.getuid === 'function' && process.getuid() === 0
 const skip = isRoot ? false : (inCi ? false : 'needs root (CI runs as root)')
 
-function uniqueSleep(base) {
-  return `${base}.${process.pid}${String(process.hrtime.bigint() % 1000000n).padStart(6, '0')}`
-}
 
-/** Live (non-zombie) pids whose command line is exactly `sleep <arg>`. */
-function sleepers(arg) {
-  const want = `sleep\0${arg}\0`
-  const out = []
-  for (const name of readdirSync('/proc')) {
-    if (!/^\d+$/.test(name)) continue
-    try {
-      if (readFileSync(`/proc/${name}/cmdline`, 'latin1') !== want) continue
-      const stat = readFileSync(`/proc/${name}/stat`, 'utf8')
-      const state = stat[stat.lastIndexOf(')') + 2]
-      if (state !== 'Z' && state !== 'X') out.push(Number(name))
-    } catch {}
-  }
-  return out
-}
 
 async function until(what, cond, ms = 10_000) {
   const end = Date.now() + ms

@@ -414,3 +414,24 @@ export function netChild(client, params, env, { bin = process.execPath, nodeArgs
     })
   })
 }
+
+/** A `sleep` duration no other test (of any file running in parallel) uses. */
+export function uniqueSleep(base) {
+  return `${base}.${process.pid}${String(process.hrtime.bigint() % 1000000n).padStart(6, '0')}`
+}
+
+/** Live (non-zombie) pids whose command line is exactly `sleep <arg>`. */
+export function sleepers(arg) {
+  const want = `sleep\0${arg}\0`
+  const out = []
+  for (const name of readdirSync('/proc')) {
+    if (!/^\d+$/.test(name)) continue
+    try {
+      if (readFileSync(`/proc/${name}/cmdline`, 'latin1') !== want) continue
+      const stat = readFileSync(`/proc/${name}/stat`, 'utf8')
+      const state = stat[stat.lastIndexOf(')') + 2]
+      if (state !== 'Z' && state !== 'X') out.push(Number(name))
+    } catch {}
+  }
+  return out
+}

@@ -683,7 +683,9 @@ fn send_error(e: SendError, op: Operation) -> Error {
     }
 }
 
-fn method_label(method: &Method) -> &'static str {
+/// The method as a fixed word: for diagnostics events, and for the host's `fetch` (which is
+/// only ever given the methods named here).
+pub(crate) fn method_label(method: &Method) -> &'static str {
     match *method {
         Method::GET => "GET",
         Method::POST => "POST",

@@ -166,25 +166,19 @@ fn host_request(req: Request<'_>) -> Result<HostRequest, SendError> {
         }
     };
     headers.push(("X-Api-Key", key.to_owned()));
-    Ok(HostRequest { method: method_name(req.method), url: req.url, headers, body, timeout: req.timeout })
+    Ok(HostRequest {
+        method: crate::client::method_label(req.method),
+        url: req.url,
+        headers,
+        body,
+        timeout: req.timeout,
+    })
 }
 
 fn text_or_bytes(b: Bytes) -> HostBody {
     match String::from_utf8(b.to_vec()) {
         Ok(s) => HostBody::Text(s),
         Err(_) => HostBody::Bytes(b),
-    }
-}
-
-fn method_name(m: &Method) -> &'static str {
-    match *m {
-        Method::GET => "GET",
-        Method::POST => "POST",
-        Method::PUT => "PUT",
-        Method::DELETE => "DELETE",
-        Method::HEAD => "HEAD",
-        Method::PATCH => "PATCH",
-        _ => "OPTIONS",
     }
 }
 

@@ -1,62 +1,17 @@
 //! Emulator tests over real HTTP on 127.0.0.1. Every test closes its emulator (also on panic),
 //! which SIGKILLs every process the test started.
 
-use std::future::Future;
 use std::time::{Duration, Instant};
 
 use base64::Engine;
-use createos_test_support::{emulator, with_emulator, Emulator, EmulatorOptions, FaultRule};
+use createos_test_support::{emulator, EmulatorOptions, FaultRule};
 use serde_json::{json, Value};
 
-trait JsonBody {
-    async fn j(self) -> Result<Value, String>;
-}
+mod support;
 
-impl JsonBody for reqwest::Response {
-    async fn j(self) -> Result<Value, String> {
-        let b = self.bytes().await.map_err(|e| e.to_string())?;
-        serde_json::from_slice(&b).map_err(|e| format!("{e}: {}", String::from_utf8_lossy(&b)))
-    }
-}
-
-struct Ctx {
-    emu: Emulator,
-    http: reqwest::Client,
-}
+use support::{with_emu, Ctx, JsonBody};
 
 impl Ctx {
-    fn url(&self, path: &str) -> String {
-        format!("{}/v1{}", self.emu.url(), path)
-    }
-    fn get(&self, path: &str) -> reqwest::RequestBuilder {
-        self.http.get(self.url(path)).header("X-Api-Key", self.emu.api_key())
-    }
-    fn post(&self, path: &str, body: Value) -> reqwest::RequestBuilder {
-        self.http
-            .post(self.url(path))
-            .header("X-Api-Key", self.emu.api_key())
-            .header("content-type", "application/json")
-            .body(body.to_string())
-    }
-    fn put(&self, path: &str) -> reqwest::RequestBuilder {
-        self.http.put(self.url(path)).header("X-Api-Key", self.emu.api_key())
-    }
-    fn delete(&self, path: &str) -> reqwest::RequestBuilder {
-        self.http.delete(self.url(path)).header("X-Api-Key", self.emu.api_key())
-    }
-    async fn sandbox(&self) -> String {
-        let r = self.post("/sandboxes", json!({})).send().await.unwrap();
-        assert_eq!(r.status(), 201);
-        let v: Value = r.j().await.unwrap();
-        v["data"]["id"].as_str().unwrap().to_string()
-    }
-    async fn spawn(&self, sb: &str, cmd: &str, args: &[&str]) -> Value {
-        let r =
-            self.post(&format!("/sandboxes/{sb}/processes"), json!({"cmd": cmd, "args": args})).send().await.unwrap();
-        assert_eq!(r.status(), 201);
-        let v: Value = r.j().await.unwrap();
-        v["data"].clone()
-    }
     async fn wait(&self, sb: &str, pid: &str, scope: &str, ms: u64) -> (u16, Value) {
         let r = self
             .get(&format!("/sandboxes/{sb}/processes/{pid}/wait?scope={scope}&timeout_ms={ms}"))
@@ -66,14 +21,6 @@ impl Ctx {
         let s = r.status().as_u16();
         (s, r.j().await.unwrap())
     }
-}
-
-async fn with_emu<F, Fut>(opts: EmulatorOptions, f: F)
-where
-    F: FnOnce(Ctx) -> Fut,
-    Fut: Future<Output = ()>,
-{
-    with_emulator(opts, |emu| f(Ctx { emu, http: reqwest::Client::new() })).await;
 }
 
 /// These tests check the full profile's answers (pagination, exit-frame extras), whatever
@@ -622,7 +569,7 @@ async fn rate_limit_429() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn close_leaves_no_live_pid() {
     let emu = emulator::start(opts()).await.unwrap();
-    let c = Ctx { emu: emu.clone(), http: reqwest::Client::new() };
+    let c = Ctx::new(emu.clone());
     let sb = c.sandbox().await;
     let root = {
         let v: Value =
@@ -763,7 +710,7 @@ fn dropping_the_runtime_without_close_kills_trees() {
     let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(1).enable_all().build().unwrap();
     let pids = rt.block_on(async {
         let emu = emulator::start(opts()).await.unwrap();
-        let c = Ctx { emu: emu.clone(), http: reqwest::Client::new() };
+        let c = Ctx::new(emu.clone());
         let sb = c.sandbox().await;
         c.spawn(&sb, "sh", &["-c", "sleep 30 & sleep 30"]).await;
         tokio::time::sleep(Duration::from_millis(150)).await;

@@ -5,45 +5,14 @@ use std::future::Future;
 use std::time::{Duration, Instant};
 
 use createos_emulator::Profile;
-use createos_test_support::{unlimited, with_emulator, Emulator, EmulatorOptions, FaultRule};
+use createos_test_support::{unlimited, EmulatorOptions, FaultRule};
 use serde_json::{json, Value};
 
-struct Ctx {
-    emu: Emulator,
-    http: reqwest::Client,
-}
+mod support;
+
+use support::{with_emu, Ctx};
 
 impl Ctx {
-    fn url(&self, path: &str) -> String {
-        format!("{}/v1{}", self.emu.url(), path)
-    }
-    fn get(&self, path: &str) -> reqwest::RequestBuilder {
-        self.http.get(self.url(path)).header("X-Api-Key", self.emu.api_key())
-    }
-    fn post(&self, path: &str, body: Value) -> reqwest::RequestBuilder {
-        self.http
-            .post(self.url(path))
-            .header("X-Api-Key", self.emu.api_key())
-            .header("content-type", "application/json")
-            .body(body.to_string())
-    }
-    async fn json(&self, r: reqwest::RequestBuilder) -> (u16, Value) {
-        let r = r.send().await.unwrap();
-        let s = r.status().as_u16();
-        let b = r.bytes().await.unwrap();
-        (s, serde_json::from_slice(&b).unwrap_or(Value::Null))
-    }
-    async fn sandbox(&self) -> String {
-        let (s, v) = self.json(self.post("/sandboxes", json!({}))).await;
-        assert_eq!(s, 201);
-        v["data"]["id"].as_str().unwrap().to_string()
-    }
-    async fn spawn(&self, sb: &str, cmd: &str, args: &[&str]) -> Value {
-        let (s, v) =
-            self.json(self.post(&format!("/sandboxes/{sb}/processes"), json!({"cmd": cmd, "args": args}))).await;
-        assert_eq!(s, 201, "{v}");
-        v["data"].clone()
-    }
     async fn list(&self, sb: &str, query: &str) -> Value {
         let (s, v) = self.json(self.get(&format!("/sandboxes/{sb}/processes{query}"))).await;
         assert_eq!(s, 200, "{v}");
@@ -64,14 +33,6 @@ impl Ctx {
             self.json(self.get(&format!("/sandboxes/{sb}/processes/{id}/wait?scope=tree&timeout_ms=20000"))).await;
         assert_eq!(s, 200, "{v}");
     }
-}
-
-async fn with_emu<F, Fut>(opts: EmulatorOptions, f: F)
-where
-    F: FnOnce(Ctx) -> Fut,
-    Fut: Future<Output = ()>,
-{
-    with_emulator(opts, |emu| f(Ctx { emu, http: reqwest::Client::new() })).await;
 }
 
 fn profile(p: Profile) -> EmulatorOptions {
