@@ -2,7 +2,7 @@
 // error is thrown, with which message and fields, and when it is not.
 import { test, after } from 'node:test'
 import assert from 'node:assert/strict'
-import { existsSync } from 'node:fs'
+import { existsSync, statSync } from 'node:fs'
 import {
   lib, kinds, kindOf, queryOf, bashParams, rejection, putPaths, sleep,
   TERMINATION_UNCONFIRMED, CREATION_UNCONFIRMED, assertNoSecrets,
@@ -159,15 +159,25 @@ test('the cleanup gets a fresh deadline the aborted signal cannot cut short', as
   assert.deepEqual(ctx.emu.livePids(), [])
 })
 
-test('staged files are removed on the failure path too', async () => {
+test('no staged data stays on the failure path either', async () => {
   ctx.emu.addFault({ route: 'connect', action: { kind: 'badSeq' } })
   await rejection(execute(ctx.client(), bashParams(sandbox, 'cat; sleep 5', { stdin: 'data' })))
   const paths = putPaths(ctx.requests())
   assert.ok(paths.length >= 1)
-  // Past its gate the script removes them itself; nothing after the verdict is waited for.
+  // Past its gate the script removes them itself; the staged stdin is also cleared after the
+  // verdict (an empty upload: the files API has no delete), and nothing waits for that.
+  const holds = (p) => { try { return statSync(p).size > 0 } catch { return false } }
+  const stdinPath = paths.find((p) => p.includes('createos-stdin-'))
+  const cleared = () => {
+    const k = kinds(ctx.requests())
+    const del = k.indexOf('deleteProcess')
+    return del >= 0 && putPaths(ctx.requests().slice(del)).includes(stdinPath)
+  }
   const end = Date.now() + 5000
-  while (paths.some((p) => existsSync(p)) && Date.now() < end) await sleep(20)
-  for (const path of paths) assert.equal(existsSync(path), false, path)
+  while ((paths.some(holds) || !cleared()) && Date.now() < end) await sleep(20)
+  for (const path of paths) assert.equal(holds(path), false, path)
+  assert.ok(cleared(), 'the staged stdin was cleared after the process was ended')
+  assert.ok(!kinds(ctx.requests()).includes('exec'), 'no process is started for it')
 })
 
 test('destroySandbox confirms the sandbox gone and returns its receipt; an unconfirmed one is a CreateosDestroyError', async () => {

@@ -118,7 +118,7 @@ test('the JS checks use the native checks\' texts (one wording whichever layer r
   const { createRequire } = await import('node:module')
   const { ROOT } = await import('./helpers.mjs')
   const { MESSAGES } = createRequire(import.meta.url)('../lib/config.js')
-  const rust = ['config.rs', 'net.rs', 'client.rs'].map((f) => readFileSync(`${ROOT}/crates/core/src/${f}`, 'utf8')).join('\n')
+  const rust = ['config.rs', 'net.rs', 'client.rs', 'session.rs'].map((f) => readFileSync(`${ROOT}/crates/core/src/${f}`, 'utf8')).join('\n')
   const texts = new Set([...rust.matchAll(/pub const [A-Z_]+: &str =\s*"((?:[^"\\]|\\.)*)";/g)].map((m) => m[1].replace(/\\"/g, '"')))
   // The JS text says more than the native one: the entry limit (the native check has it too).
   // `transport` is decided in JS only (lib/fetch-transport.js): no native text to match.

@@ -312,7 +312,8 @@ test('the export list is the same through require and import, and the error clas
   assert.deepEqual(Object.keys(required).sort(), EXPORTS)
   // ESM named exports come from node's static reading of index.js's `module.exports = {…}`.
   const imported = await import('../index.js')
-  assert.deepEqual(Object.keys(imported).filter((k) => k !== 'default').sort(), EXPORTS)
+  // Node 24 adds a 'module.exports' key (the CommonJS value itself) beside 'default'.
+  assert.deepEqual(Object.keys(imported).filter((k) => k !== 'default' && k !== 'module.exports').sort(), EXPORTS)
   assert.equal(imported.default, required)
   for (const name of EXPORTS) assert.equal(imported[name], required[name], name)
   const errors = require('../lib/errors.js')

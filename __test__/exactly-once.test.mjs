@@ -1,11 +1,11 @@
 // At most once, from the host's view, against the emulator's documented profile (an unpaged
 // process list without `total`, exit frames without `newest_seq`): a late creation never runs
 // the command, a finished command stays finished when its record cannot be read, treeExited is
-// true after 'terminate' ended a leftover, and no staged file stays after a stream error.
+// true after 'terminate' ended a leftover, and no staged stdin stays after a stream error.
 import { test } from 'node:test'
 import assert from 'node:assert/strict'
-import { existsSync, readdirSync, readFileSync, rmSync } from 'node:fs'
-import { lib, bashParams, rejection, sleep, useEmulator } from './helpers.mjs'
+import { existsSync, readdirSync, readFileSync, rmSync, statSync } from 'node:fs'
+import { lib, bashParams, rejection, sleep, useEmulator, assertNoneAlive } from './helpers.mjs'
 
 const { execute, CreateosApiError } = lib
 let ctx
@@ -21,7 +21,12 @@ const tokenOf = (requests) => {
   }
   return null
 }
-const staged = (token) => readdirSync('/tmp').filter((f) => f.includes(token) && !f.endsWith('.cancelled'))
+// Staged data of a call left in /tmp: a staged stdin that still has content (the gate, its claim
+// and the cancel file hold none of the command's data; the files API cannot delete them).
+const staged = (token) => readdirSync('/tmp').filter((f) => {
+  if (!f.includes(token) || !f.startsWith('createos-stdin-')) return false
+  try { return statSync(`/tmp/${f}`).size > 0 } catch { return false }
+})
 const line = (r) => (r.route === 'putFile' && r.query.includes('.cancelled') ? 'PUT cancel' : `${r.method} ${r.route}`)
 
 async function until(check, ms = 10_000) {
@@ -67,7 +72,7 @@ test("'terminate' ends a leftover and reports treeExited: true", async () => {
   assert.equal(r.metadata.treeExited, true)
   const deletes = ctx.requests().filter((q) => q.route === 'deleteProcess')
   assert.deepEqual(deletes.map((q) => q.status), [200])
-  assert.ok(await until(() => ctx.emu.livePids().length === 0))
+  await assertNoneAlive(ctx.emu, 10_000)
 })
 
 test('a creation applied then answered 502 in a used sandbox: found, ended, an ordinary error', async () => {
@@ -81,11 +86,11 @@ test('a creation applied then answered 502 in a used sandbox: found, ended, an o
   assert.equal(error.status, 502)
   const log = ctx.requests().filter((q) => q.receivedMs !== null).map(line)
   assert.ok(log.includes('DELETE deleteProcess'), log.join(', '))
-  assert.ok(await until(() => ctx.emu.livePids().length === 0))
+  await assertNoneAlive(ctx.emu, 10_000)
   assert.equal(runs(file), 0)
 })
 
-test('no staged file stays after a stream error while the script was still starting', async () => {
+test('no staged stdin stays after a stream error while the script was still starting', async () => {
   const sb = ctx.sandbox()
   // The login shell takes 1 s, so the call ends before the script reached its gate.
   await execute(ctx.client(), bashParams(sb, 'echo sleep 1 > "$HOME/.bash_profile"'))
@@ -95,6 +100,6 @@ test('no staged file stays after a stream error while the script was still start
   const token = tokenOf(ctx.requests())
   assert.ok(token)
   assert.ok(await until(() => staged(token).length === 0), `left: ${staged(token)}`)
-  assert.ok(await until(() => ctx.emu.livePids().length === 0))
+  await assertNoneAlive(ctx.emu, 10_000)
   await execute(ctx.client(), bashParams(sb, 'rm -f "$HOME/.bash_profile"'))
 })

@@ -353,6 +353,23 @@ export async function endLeftovers(emu) {
   assert.deepEqual(emu.livePids(), [])
 }
 
+/**
+ * Waits (up to `ms`) until the emulator lists no live process; fails naming each one still
+ * alive (pid, state, command line). A call may end with housekeeping of its own after its
+ * verdict (the removal of staged files is one short `rm`), so "nothing alive" is a state the
+ * emulator reaches, not one it is in the instant a call settles.
+ */
+export async function assertNoneAlive(emu, ms = 5000) {
+  const end = Date.now() + ms
+  while (emu.livePids().length && Date.now() < end) await sleep(20)
+  const alive = emu.livePids().map((pid) => {
+    let state = '?'
+    try { const stat = readFileSync(`/proc/${pid}/stat`, 'utf8'); state = stat[stat.lastIndexOf(')') + 2] } catch {}
+    return `${pid} (${state}) ${cmdline(pid)}`
+  })
+  assert.deepEqual(alive, [], `alive ${ms} ms later`)
+}
+
 /** The command line of a live process, spaces between its arguments ('' once it is gone). */
 export function cmdline(pid) {
   try { return readFileSync(`/proc/${pid}/cmdline`, 'utf8').replace(/\0/g, ' ').trim() } catch { return '' }

@@ -6,7 +6,7 @@ import assert from 'node:assert/strict'
 import { fileURLToPath } from 'node:url'
 import {
   lib, startEmu, kinds, kindOf, queryOf, bashParams, rejection,
-  useEmulator
+  useEmulator, assertNoneAlive
 } from './helpers.mjs'
 
 const { execute } = lib
@@ -84,7 +84,7 @@ for (const [action, message] of FAIL_CLOSED) {
     const del = ctx.requests().filter((x) => kindOf(x) === 'deleteProcess')
     assert.ok(del.length >= 1, kinds(ctx.requests()).join(','))
     assert.equal(queryOf(del[0]).get('grace_ms'), '1000')
-    assert.deepEqual(ctx.emu.livePids(), [])
+    await assertNoneAlive(ctx.emu)
   })
 }
 

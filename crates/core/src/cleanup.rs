@@ -789,31 +789,27 @@ fn attempt_of(process: &Value) -> Option<u32> {
     })
 }
 
-/// The most removing staged files may take.
+/// The most clearing staged files may take.
 pub const CLEAR_STAGED_DEADLINE: Duration = Duration::from_secs(10);
 
-/// Removes staged files the script may not have removed itself (it was ended before its gate,
-/// or its gate never opened): one buffered `/exec` of `rm -f`, after the verdict, only once
-/// nothing of the call runs (never while a process may still read them), under its own short
-/// deadline, taking its request slot as new work does (it never goes ahead of another call's
-/// cleanup). Housekeeping, not proof: the outcome is a `remove` step on the cleanup diagnostics
-/// channel (`removed`, or what failed), and nothing waits for it.
-pub async fn remove_staged(client: &Client, sandbox_id: &str, paths: &[String], deadline: Duration) {
+/// Clears staged files the script may not have removed itself (it was ended before its gate, or
+/// its gate never opened): an empty upload over each, so the command's stdin does not stay in
+/// the sandbox. It runs after the verdict, only once nothing of the call runs (never while a
+/// process may still read them), under its own short deadline, taking its request slot as new
+/// work does (it never goes ahead of another call's cleanup). It starts no process in the
+/// sandbox: `/exec rm` would, and a process of the call alive after the verdict "nothing of
+/// this call runs" would contradict it for anyone who checks (the files API has no delete, so
+/// the emptied file stays). Housekeeping, not proof: each outcome is a `clear` step on the
+/// cleanup diagnostics channel (`cleared`, or what the upload got), and nothing waits for it.
+pub async fn clear_staged(client: &Client, sandbox_id: &str, paths: &[String], deadline: Duration) {
     let mut steps = Steps::new();
     steps.observe(client);
     let ctx = Ctx::with_deadline(crate::abort::Abort::new(), Instant::now() + deadline.min(CLEAR_STAGED_DEADLINE));
-    let mut args = vec![Value::from("-f"), Value::from("--")];
-    args.extend(paths.iter().map(|p| Value::from(p.as_str())));
-    let body = serde_json::json!({ "cmd": "/bin/rm", "args": args });
-    let path = format!("/sandboxes/{sandbox_id}/exec");
-    let timeout = slice(&ctx, Duration::ZERO);
-    let op = Operation::WorkspaceCommand;
-    match client.json_with(op, Method::POST, &path, Some(body), &ctx, Retry::Safe, timeout).await {
-        Ok(d) if d.get("result").and_then(|r| r.get("exit_code")).and_then(Value::as_i64) == Some(0) => {
-            steps.push("remove", None, "removed");
+    for path in paths {
+        match client.put_file(sandbox_id, path, bytes::Bytes::new(), &ctx).await {
+            Ok(()) => steps.push("clear", None, "cleared"),
+            Err(e) => steps.push("clear", None, outcome_of(&e)),
         }
-        Ok(_) => steps.push("remove", None, "failed"),
-        Err(e) => steps.push("remove", None, outcome_of(&e)),
     }
 }
 

@@ -185,13 +185,12 @@ pub async fn execute(
                     }
                 }
             };
-            // Proven: nothing of this call runs. The script removes its gate and staged stdin
-            // once past its gate; ended before that (or never let through), it could not, so
-            // they are removed after the verdict (housekeeping never delays it), bounded.
-            if facts.staged || facts.gate_sent || contained == Contained::TreeGone {
-                let mut paths = vec![gate_path.clone(), script::claim_path(&gate_path)];
-                paths.extend(stdin_path.clone());
-                spawn_remove(Arc::clone(&client), sb.to_owned(), paths, cfg.cleanup.deadline);
+            // Proven: nothing of this call runs. The script removes its staged stdin once past
+            // its gate; ended before that (or never let through), it could not, so its content
+            // is cleared after the verdict (housekeeping never delays it), bounded. The gate
+            // and claim files hold no data of the command and name this call alone.
+            if let (true, Some(path)) = (facts.staged, &stdin_path) {
+                spawn_clear(Arc::clone(&client), sb.to_owned(), vec![path.clone()], cfg.cleanup.deadline);
             }
             // Only an abort that ended the run makes the outcome an abort: one that fired
             // during the cleanup never replaces a real error (a gap, an eviction, a panic).
@@ -233,12 +232,12 @@ fn cleanup_ctx(began: Instant, deadline: Duration) -> Ctx {
 /// See [`cleanup_ctx`].
 const CLEANUP_FLOOR: Duration = Duration::from_millis(500);
 
-/// Removes staged files after the verdict, in a task of its own under its own short deadline
-/// (see [`cleanup::remove_staged`]); nothing waits for it.
-fn spawn_remove(client: Arc<Client>, sandbox_id: String, paths: Vec<String>, deadline: Duration) {
+/// Clears staged files after the verdict, in a task of its own under its own short deadline
+/// (see [`cleanup::clear_staged`]); nothing waits for it.
+fn spawn_clear(client: Arc<Client>, sandbox_id: String, paths: Vec<String>, deadline: Duration) {
     tokio::spawn(async move {
-        let remove = cleanup::remove_staged(&client, &sandbox_id, &paths, deadline);
-        let _ = AssertUnwindSafe(remove).catch_unwind().await;
+        let clear = cleanup::clear_staged(&client, &sandbox_id, &paths, deadline);
+        let _ = AssertUnwindSafe(clear).catch_unwind().await;
     });
 }
 

@@ -277,7 +277,7 @@ impl Supervisor {
     }
 }
 
-/// Ends `sup`'s tree through the provider (DELETE, confirmed) under `ctx`, and removes its
+/// Ends `sup`'s tree through the provider (DELETE, confirmed) under `ctx`, and clears its
 /// staged stdin afterwards. Err = unproven, with the steps.
 async fn prove(client: &Client, sup: &Supervisor, ctx: &Ctx, steps: &mut Steps) -> std::result::Result<(), ()> {
     let mut seen = sup.seen_alive.load(Ordering::Relaxed);
@@ -286,7 +286,7 @@ async fn prove(client: &Client, sup: &Supervisor, ctx: &Ctx, steps: &mut Steps) 
         let (c, sb, paths, d) =
             (Arc::clone(&sup.client), sup.sandbox_id.clone(), vec![format!("{}.in", sup.marker)], sup.policy.deadline);
         tokio::spawn(async move {
-            let _ = AssertUnwindSafe(cleanup::remove_staged(&c, &sb, &paths, d)).catch_unwind().await;
+            let _ = AssertUnwindSafe(cleanup::clear_staged(&c, &sb, &paths, d)).catch_unwind().await;
         });
     }
     r

@@ -67,15 +67,30 @@ fn tokens(emu: &Emulator) -> Vec<String> {
 
 /// The files of a call's token still in `/tmp` (gate, claim, stdin; the cancel file is ours to
 /// leave: it holds no data).
+/// The staged files of `token` in `/tmp` that still hold data: the staged stdin with content
+/// (the gate, its claim and the cancel file hold none of the command's data).
 fn staged_files(token: &str) -> Vec<String> {
     std::fs::read_dir("/tmp")
         .unwrap()
         .filter_map(|e| e.ok()?.file_name().into_string().ok())
-        .filter(|n| n.contains(token) && !n.ends_with(".cancelled"))
+        .filter(|n| n.contains(token) && n.starts_with("createos-stdin-"))
+        .filter(|n| std::fs::metadata(format!("/tmp/{n}")).is_ok_and(|m| m.len() > 0))
         .collect()
 }
 
-/// Waits (up to 10 s) until no staged file of `token` remains; returns what remains.
+/// Removes what a call of `token` may leave in `/tmp` (the test's own housekeeping).
+fn remove_call_files(token: &str) {
+    for name in [
+        format!("createos-start-{token}"),
+        format!("createos-start-{token}.claimed"),
+        format!("createos-start-{token}.cancelled"),
+        format!("createos-stdin-{token}"),
+    ] {
+        let _ = std::fs::remove_file(format!("/tmp/{name}"));
+    }
+}
+
+/// Waits (up to 10 s) until no staged data of `token` remains; returns what remains.
 async fn staged_files_after(token: &str) -> Vec<String> {
     for _ in 0..500 {
         if staged_files(token).is_empty() {
@@ -184,7 +199,7 @@ async fn a_creation_applied_after_the_recovery_list_never_runs_the_command_twice
             assert!(matches!(how, (Some(124), _) | (_, Some(_))), "round {round}: {}", late[0]);
             // Only the cancel file stays (it holds no data).
             assert_eq!(staged_files_after(token).await, Vec::<String>::new());
-            let _ = std::fs::remove_file(format!("/tmp/createos-start-{token}.cancelled"));
+            remove_call_files(token);
         }
     }))
     .await;
@@ -225,7 +240,7 @@ async fn a_creation_held_past_the_verdict_and_applied_late_ends_itself_without_r
             assert_eq!(runs(file), 0, "the command never ran");
         }
         for t in tokens(&emu) {
-            let _ = std::fs::remove_file(format!("/tmp/createos-start-{t}.cancelled"));
+            remove_call_files(&t);
         }
     }))
     .await;
@@ -288,7 +303,7 @@ async fn lost_creations_in_a_used_sandbox_under_an_unpaged_list() {
         assert_nothing_alive(&emu).await;
         assert_eq!(runs(&file), 0);
         for t in tokens(&emu) {
-            let _ = std::fs::remove_file(format!("/tmp/createos-start-{t}.cancelled"));
+            remove_call_files(&t);
         }
     }))
     .await;
@@ -322,7 +337,7 @@ async fn staged_run(
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn no_staged_file_remains_after_a_stream_error_a_timeout_or_a_success() {
+async fn no_staged_stdin_remains_after_a_stream_error_a_timeout_or_a_success() {
     with_emulator(documented(), |emu| {
         Box::pin(async move {
             let sb = emu.create_sandbox_now();
@@ -342,8 +357,9 @@ async fn no_staged_file_remains_after_a_stream_error_a_timeout_or_a_success() {
             assert_eq!(staged_files_after(&token).await, Vec::<String>::new(), "after a stream error");
             let l = log(&emu);
             let delete = l.iter().position(|x| x.starts_with("DELETE")).expect("ended");
-            let exec = l.iter().position(|x| x.starts_with("POST exec")).expect("removed");
-            assert!(delete < exec, "removed only once proven gone: {l:?}");
+            let clear = l.iter().rposition(|x| x.starts_with("PUT putFile")).expect("cleared");
+            assert!(delete < clear, "cleared only once proven gone: {l:?}");
+            assert!(!l.iter().any(|x| x.starts_with("POST exec")), "no process started for it: {l:?}");
 
             // A timeout while the script is still starting.
             let (token, r) = staged_run(&emu, &c, &sb, "cat", Some(Duration::from_millis(300))).await;

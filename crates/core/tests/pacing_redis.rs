@@ -276,7 +276,8 @@ async fn a_store_across_a_slow_network_is_used_from_the_first_decision() {
     assert!(!p.store().unwrap().is_down());
     assert!(later.iter().all(|d| *d >= Duration::from_millis(100)), "{later:?}: not through the proxy");
     assert_eq!(zcard(&server.url(), key).await, 5, "every decision was made in the store");
-    assert!(pacer::take_warnings().is_empty());
+    let warnings = pacer::take_warnings();
+    assert!(warnings.is_empty(), "{warnings:?}");
     drop(proxy);
 }
 

@@ -398,15 +398,19 @@ impl Leaf {
 
     /// The membership check of an empty-looking leaf: a live process that still names this
     /// tree (`marker`: in another hierarchy's cgroup path or its environment) or is in
-    /// `group` but is not a member left the leaf; each is moved back. Returns those pids. Once
+    /// `group` (other than as its leader) but is not a member left the leaf; each is moved back. Returns those pids. Once
     /// a check finds none the leaf is confirmed empty and later checks cost nothing.
     pub fn recapture(&self, marker: &str, group: Option<i32>) -> Vec<i32> {
         if self.confirmed.load(Ordering::SeqCst) {
             return Vec::new();
         }
         let since = self.started.load(Ordering::SeqCst);
+        // In the group, but not its leader: the leader is the tree's own (reaped by now), and a
+        // process whose pid and group are the leader's old pid is a newcomer the pid was
+        // handed to again (pids wrap at `pid_max`), never a stray of this tree.
+        let strayed = |e: &crate::procfs::Entry| group == Some(e.pgid) && e.pid != e.pgid;
         let found = crate::procfs::scan_since(
-            &|e: &crate::procfs::Entry| e.mark.as_deref() == Some(marker) || group == Some(e.pgid),
+            &|e: &crate::procfs::Entry| e.mark.as_deref() == Some(marker) || strayed(e),
             since,
         );
         let members = self.members().unwrap_or_default();

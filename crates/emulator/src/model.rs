@@ -393,6 +393,11 @@ pub(crate) struct SpawnSpec<'a> {
     pub cwd: PathBuf,
     pub env: &'a HashMap<String, String>,
     pub stdin: Stdio,
+    /// The private view of `crate::isolate` (a mount and cgroup namespace of its own), for
+    /// managed processes. An `/exec` runs without it: a namespace's teardown when its last
+    /// process exits can take seconds on a loaded machine, and an exec is a short command
+    /// whose answer waits for that exit.
+    pub private_view: bool,
 }
 
 /// Spawn a marked child in its own process group, and in a leaf cgroup of its own when trees
@@ -449,7 +454,7 @@ pub(crate) fn spawn_marked(
     // host allows it (see `crate::isolate`).
     let leaf_dirs = cg.and_then(|cg| cg.leaf(&marker)).map(|l| l.dirs().to_vec());
     let plan = isolate::get().plan(Some(&sb.workspace), leaf_dirs.as_deref());
-    if !plan.is_empty() {
+    if spec.private_view && !plan.is_empty() {
         // SAFETY: the closure only makes system calls on memory allocated before the fork.
         unsafe {
             cmd.pre_exec(move || plan.apply());
@@ -506,9 +511,13 @@ pub(crate) fn start_process(
 ) -> Result<Arc<Proc>, String> {
     let cwd = sb.cwd_path(cwd_req).map_err(ToString::to_string)?;
     let id = new_hex_id("proc_");
-    let (mut child, marker) =
-        spawn_marked(inner, sb, &id, SpawnSpec { cmd, args: &args, cwd: cwd.clone(), env, stdin: Stdio::piped() })
-            .map_err(|e| format!("cannot start {cmd}: {e}"))?;
+    let (mut child, marker) = spawn_marked(
+        inner,
+        sb,
+        &id,
+        SpawnSpec { cmd, args: &args, cwd: cwd.clone(), env, stdin: Stdio::piped(), private_view: true },
+    )
+    .map_err(|e| format!("cannot start {cmd}: {e}"))?;
     let pid = child.id().and_then(|p| i32::try_from(p).ok()).unwrap_or(-1);
     let (tx, _rx) = watch::channel(0u64);
     let leaf = inner.cgroups.as_ref().and_then(|cg| cg.leaf(&marker));

@@ -360,9 +360,13 @@ pub(crate) fn exec_spawn(inner: &Arc<Inner>, sb: &Arc<Sandbox>, req: &ExecReq) -
     let cwd = sb.cwd_path(req.cwd.as_deref()).map_err(ToString::to_string)?;
     let id = model::new_hex_id("exec_");
     let stdin = if req.stdin.is_some() { Stdio::piped() } else { Stdio::null() };
-    let (mut child, marker) =
-        model::spawn_marked(inner, sb, &id, SpawnSpec { cmd: &req.cmd, args: &req.args, cwd, env: &req.env, stdin })
-            .map_err(|e| format!("cannot start {}: {e}", req.cmd))?;
+    let (mut child, marker) = model::spawn_marked(
+        inner,
+        sb,
+        &id,
+        SpawnSpec { cmd: &req.cmd, args: &req.args, cwd, env: &req.env, stdin, private_view: false },
+    )
+    .map_err(|e| format!("cannot start {}: {e}", req.cmd))?;
     if let (Some(data), Some(mut w)) = (req.stdin.clone(), child.stdin.take()) {
         tokio::spawn(async move {
             let _ = w.write_all(data.as_bytes()).await;

@@ -446,12 +446,16 @@ impl Drop for Outbox<'_> {
     }
 }
 
-/// Clears the timer's flag when its task ends (also when its runtime is dropped).
-struct WatchGuard(Arc<RedisStore>);
+/// Clears the timer's flag when its task ends (also when its runtime is dropped). It holds the
+/// store weakly: a store nobody uses any more (every pacer over it dropped) is not kept alive,
+/// and not probed, by its own timer.
+struct WatchGuard(std::sync::Weak<RedisStore>);
 
 impl Drop for WatchGuard {
     fn drop(&mut self) {
-        self.0.watching.store(false, Ordering::SeqCst);
+        if let Some(store) = self.0.upgrade() {
+            store.watching.store(false, Ordering::SeqCst);
+        }
     }
 }
 
@@ -687,12 +691,12 @@ impl RedisStore {
             self.watching.store(false, Ordering::SeqCst);
             return;
         };
-        let guard = WatchGuard(self.clone());
+        let guard = WatchGuard(Arc::downgrade(self));
         let key = key.to_owned();
         rt.spawn(async move {
-            let store = &guard.0;
             loop {
                 let next = {
+                    let Some(store) = guard.0.upgrade() else { return };
                     let h = lock(&store.health);
                     if !h.down {
                         break;
@@ -700,8 +704,11 @@ impl RedisStore {
                     h.next_probe
                 };
                 tokio::time::sleep_until(next.max(Instant::now() + Duration::from_millis(5))).await;
+                let Some(store) = guard.0.upgrade() else { return };
                 let _ = store.call_sent(&key, "sync", rule, "", 0, true).await;
             }
+            let Some(store) = guard.0.upgrade() else { return };
+            let store = &store;
             // Back: until the window after the return has passed, every key's starts and owed
             // releases go to the store on this timer (decisions stay local meanwhile).
             loop {
