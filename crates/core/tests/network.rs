@@ -115,7 +115,9 @@ async fn a_gate_that_cannot_be_opened_is_not_started_and_the_process_is_ended() 
             let reqs = emu.requests();
             let routes: Vec<&str> = reqs.iter().map(|r| r.route).collect();
             assert!(routes.contains(&"deleteProcess"), "{routes:?}");
-            let gates = reqs.iter().filter(|r| r.route == "putFile" && r.status == status).count();
+            // The gate's uploads (the staged stdin's clear after the verdict is refused too).
+            let gate = |r: &&createos_test_support::emulator::RequestRecord| r.query.contains("createos-start-");
+            let gates = reqs.iter().filter(|r| r.route == "putFile" && r.status == status).filter(gate).count();
             assert_eq!(gates, if status == 429 { 4 } else { 1 }, "{routes:?}");
         })
         .await;
