@@ -182,7 +182,7 @@ export declare function setExecArgvEnvProxy(on?: boolean | undefined | null): vo
  * wins; one whose environment went away is dropped, and warnings then wait for the next call
  * that settles).
  */
-export declare function setWarningListener(notify: NotifyFn): void
+export declare function setWarningListener(notify: () => void): void
 
 /** Quotes a value as one bash word; throws on NUL. */
 export declare function shellQuote(value: string): string

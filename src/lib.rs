@@ -353,7 +353,7 @@ type NotifyFn = ThreadsafeFunction<(), (), (), Status, false, true>;
 /// Registers the function told whenever the core queues a warning (the last registration
 /// wins; one whose environment went away is dropped, and warnings then wait for the next call
 /// that settles).
-#[napi]
+#[napi(ts_args_type = "notify: () => void")]
 pub fn set_warning_listener(notify: NotifyFn) {
     createos_execute_core::pacer::set_warning_listener(Some(Box::new(move || {
         notify.call((), ThreadsafeFunctionCallMode::NonBlocking) == Status::Ok
