@@ -60,7 +60,7 @@ impl Ctx {
 }
 
 fn opts() -> EmulatorOptions {
-    EmulatorOptions { rate_limit_per_minute: None, ..Default::default() }
+    createos_test_support::unlimited()
 }
 
 async fn with_emu<F, Fut>(f: F)

@@ -10,17 +10,12 @@ use createos_test_support::{sleepers, unique_sleep};
 use serde_json::{json, Value};
 
 fn opts() -> EmulatorOptions {
-    EmulatorOptions { rate_limit_per_minute: None, ..Default::default() }
+    createos_test_support::unlimited()
 }
 
-fn is_root() -> bool {
-    // SAFETY: geteuid(2) cannot fail and touches no memory of ours.
-    unsafe { nix::libc::geteuid() == 0 }
-}
+mod support;
 
-fn in_ci() -> bool {
-    std::env::var("CI").is_ok_and(|v| !v.is_empty() && v != "false" && v != "0")
-}
+use support::{in_ci, is_root};
 
 async fn call(emu: &Emulator, method: reqwest::Method, path: &str, body: Option<Value>) -> (u16, Vec<u8>) {
     let mut r =

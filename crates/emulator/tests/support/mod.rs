@@ -75,3 +75,14 @@ where
 {
     with_emulator(opts, |emu| f(Ctx::new(emu))).await;
 }
+
+/// Whether these tests run as root (the private view and cgroup tracking need it).
+pub fn is_root() -> bool {
+    // SAFETY: geteuid(2) cannot fail and touches no memory of ours.
+    unsafe { nix::libc::geteuid() == 0 }
+}
+
+/// Whether CI runs these tests (then a test that needs root fails instead of skipping).
+pub fn in_ci() -> bool {
+    std::env::var("CI").is_ok_and(|v| !v.is_empty() && v != "false" && v != "0")
+}
