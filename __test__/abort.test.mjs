@@ -6,7 +6,7 @@ import { setFlagsFromString } from 'node:v8'
 import { runInNewContext } from 'node:vm'
 import {
   lib, kinds, kindOf, queryOf, bashParams, rejection, sleep, CANCELLED,
-  useEmulator
+  useEmulator, liveOfCalls,
 } from './helpers.mjs'
 
 const { execute, executeStream } = lib
@@ -46,7 +46,7 @@ test('a TimeoutError abort resolves timedOut with the output so far, and termina
   assert.equal(queryOf(del[0]).get('grace_ms'), '1000')
   assert.ok(del[0].path.endsWith(`/processes/${r.metadata.processId}`))
   assert.equal(del[0].status, 200)
-  assert.deepEqual(ctx.emu.livePids(), [])
+  assert.deepEqual(liveOfCalls(ctx.emu), [])
 })
 
 test('any other abort rejects with "CreateOS command was cancelled." and terminates the tree', async () => {
@@ -61,7 +61,7 @@ test('any other abort rejects with "CreateOS command was cancelled." and termina
   assert.equal(error.code, 'CREATEOS_CANCELLED')
   assert.equal(lib.isCreateosCleanupError(error), false)
   assert.equal(queryOf(deletes()[0]).get('grace_ms'), '1000')
-  assert.deepEqual(ctx.emu.livePids(), [])
+  assert.deepEqual(liveOfCalls(ctx.emu), [])
 })
 
 test('an abort with a custom reason is a cancellation too', async () => {
@@ -101,7 +101,7 @@ test('an abort while the stream only carries heartbeats takes effect well under 
   assert.equal(error.message, CANCELLED)
   assert.ok(ms < 1000, `abort took ${ms.toFixed(0)} ms`)
   assert.ok(deletes().length >= 1)
-  assert.deepEqual(ctx.emu.livePids(), [])
+  assert.deepEqual(liveOfCalls(ctx.emu), [])
 })
 
 test('an abort at any moment: before create, while staging, during connect', async () => {
@@ -122,7 +122,7 @@ test('an abort at any moment: before create, while staging, during connect', asy
     if (k.includes('createProcess') && ctx.requests().find((r) => kindOf(r) === 'createProcess').status === 200) {
       assert.ok(k.includes('deleteProcess'), `delay ${delay}: ${k.join(',')}`)
     }
-    assert.deepEqual(ctx.emu.livePids(), [], `delay ${delay}`)
+    assert.deepEqual(liveOfCalls(ctx.emu), [], `delay ${delay}`)
   }
 })
 
@@ -187,7 +187,7 @@ test('no unhandled rejection on any abort path', async () => {
     await Promise.all(ps)
     await sleep(200)
     assert.deepEqual(seen, [])
-    assert.deepEqual(ctx.emu.livePids(), [])
+    assert.deepEqual(liveOfCalls(ctx.emu), [])
   } finally {
     process.off('unhandledRejection', onUnhandled)
   }

@@ -4,7 +4,7 @@
 // status, and a fault rule with an unknown route is refused.
 import { test } from 'node:test'
 import assert from 'node:assert/strict'
-import { lib, kinds, bashParams, rejection, sleep, useEmulator, TERMINATION_UNCONFIRMED, endLeftovers } from './helpers.mjs'
+import { lib, kinds, bashParams, rejection, sleep, useEmulator, TERMINATION_UNCONFIRMED, endLeftovers, liveOfCalls } from './helpers.mjs'
 
 const { execute, CreateosCleanupError, CreateosApiError, destroySandbox } = lib
 let ctx
@@ -42,7 +42,7 @@ test('a timeout whose tree was ended and proven gone reports treeExited: true', 
   assert.equal(r.timedOut, true)
   assert.equal(r.stdout, 'up\n')
   assert.equal(r.metadata.treeExited, true)
-  assert.deepEqual(ctx.emu.livePids(), [])
+  assert.deepEqual(liveOfCalls(ctx.emu), [])
 })
 
 test('an exit frame that said alive makes a later 404 no proof (tail lost, replay evicted)', async () => {
@@ -67,7 +67,7 @@ test('a start gate written and then answered 500 is the API error, never CREATEO
   assert.equal(error.status, 500)
   const k = kinds(ctx.requests())
   assert.ok(k.indexOf('deleteProcess') > k.indexOf('putFile'), k.join(','))
-  assert.deepEqual(ctx.emu.livePids(), [])
+  assert.deepEqual(liveOfCalls(ctx.emu), [])
 })
 
 test('destroySandbox refused by a 401 names the status in its message', async () => {

@@ -3,7 +3,7 @@
 import { test } from 'node:test'
 import assert from 'node:assert/strict'
 import diagnostics from 'node:diagnostics_channel'
-import { lib, kinds, bashParams, useEmulator } from './helpers.mjs'
+import { lib, kinds, bashParams, useEmulator, liveOfCalls } from './helpers.mjs'
 
 const { execute, destroySandbox } = lib
 let ctx
@@ -89,7 +89,7 @@ test('cleanup steps are published as they happen, matching the DELETE requests',
   const atMs = seen.cleanup.map((s) => s.atMs)
   assert.deepEqual(atMs, [...atMs].sort((a, b) => a - b))
   assertNothingSecret([...seen.request, ...seen.cleanup])
-  assert.deepEqual(ctx.emu.livePids(), [])
+  assert.deepEqual(liveOfCalls(ctx.emu), [])
 })
 
 test('the pacing wait is measured', async () => {

@@ -4,7 +4,7 @@
 // its command line here, not from the emulator.
 import { test } from 'node:test'
 import assert from 'node:assert/strict'
-import { lib, kinds, bashParams, useEmulator, sleep, markOf, uniqueSleep, sleepers } from './helpers.mjs'
+import { lib, kinds, bashParams, useEmulator, sleep, markOf, uniqueSleep, sleepers, liveOfCalls } from './helpers.mjs'
 
 const { execute } = lib
 let ctx
@@ -69,7 +69,7 @@ test('a 1 s timeout of a command with an env -i setsid escape: timedOut, no clea
   const dels = ctx.requests().filter((q) => q.method === 'DELETE')
   assert.equal(dels.length, 1, seen.join(' '))
   assert.equal(dels[0].status, 200)
-  assert.deepEqual(ctx.emu.livePids(), [])
+  assert.deepEqual(liveOfCalls(ctx.emu), [])
 })
 
 test("a command that leaves an env -i setsid sleeper: treeExited false with 'keep', the sleeper ended with 'terminate'", async (t) => {
@@ -103,5 +103,5 @@ test("a command that leaves an env -i setsid sleeper: treeExited false with 'kee
   assert.deepEqual(left, [], "'terminate' left the sleeper alive")
   assert.ok(kinds(ctx.requests()).includes('deleteProcess'))
   await sleep(0)
-  assert.deepEqual(ctx.emu.livePids(), [])
+  assert.deepEqual(liveOfCalls(ctx.emu), [])
 })

@@ -5,8 +5,7 @@ import { test, before, after } from 'node:test'
 import assert from 'node:assert/strict'
 import { existsSync } from 'node:fs'
 import {
-  lib, kinds, commandKinds, putPaths, queryOf, bashParams, kindOf, useEmulator,
-} from './helpers.mjs'
+  lib, kinds, commandKinds, putPaths, queryOf, bashParams, kindOf, useEmulator, liveOfCalls } from './helpers.mjs'
 
 const { execute } = lib
 let ctx
@@ -165,7 +164,7 @@ test('a throwing log does not skip the cleanup of a timed-out command', async ()
     const del = ctx.requests().filter((x) => kindOf(x) === 'deleteProcess')
     assert.equal(del.length >= 1, true)
     assert.equal(queryOf(del[0]).get('grace_ms'), '1000')
-    assert.deepEqual(ctx.emu.livePids(), [])
+    assert.deepEqual(liveOfCalls(ctx.emu), [])
   } finally {
     process.off('warning', onWarning)
   }

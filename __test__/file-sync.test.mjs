@@ -5,7 +5,7 @@
 // fields are ignored; the timeout gives `timedOut`; the caller's abort the cancellation error.
 import { test } from 'node:test'
 import assert from 'node:assert/strict'
-import { lib, kinds, kindOf, rejection, sleep, CANCELLED, useEmulator } from './helpers.mjs'
+import { lib, kinds, kindOf, rejection, sleep, CANCELLED, useEmulator, liveOfCalls } from './helpers.mjs'
 
 const { execute } = lib
 let ctx
@@ -54,7 +54,7 @@ test('the sync call runs with its own command, args and cwd; the other fields ar
   assert.equal(k.filter((x) => x === 'createProcess').length, 1, k.join(','))
   assert.ok(k.includes('connect'))
   assertNoExtraFieldSent()
-  assert.deepEqual(ctx.emu.livePids(), [])
+  assert.deepEqual(liveOfCalls(ctx.emu), [])
 })
 
 test('the AbortSignal.timeout half gives timedOut, and the tree is gone', async () => {
@@ -68,7 +68,7 @@ test('the AbortSignal.timeout half gives timedOut, and the tree is gone', async 
   assert.ok(k.includes('deleteProcess'), k.join(','))
   assert.ok(k.indexOf('deleteProcess') > k.indexOf('createProcess'))
   assertNoExtraFieldSent()
-  assert.deepEqual(ctx.emu.livePids(), [])
+  assert.deepEqual(liveOfCalls(ctx.emu), [])
 })
 
 test("the caller's abort rejects with the cancellation error, and the tree is gone", async () => {
@@ -83,7 +83,7 @@ test("the caller's abort rejects with the cancellation error, and the tree is go
   assert.equal(error.code, 'CREATEOS_CANCELLED')
   assert.ok(kinds(ctx.requests()).includes('deleteProcess'))
   assertNoExtraFieldSent()
-  assert.deepEqual(ctx.emu.livePids(), [])
+  assert.deepEqual(liveOfCalls(ctx.emu), [])
 })
 
 test('an already-aborted caller signal sends nothing', async () => {

@@ -370,6 +370,16 @@ export async function assertNoneAlive(emu, ms = 5000) {
   assert.deepEqual(alive, [], `alive ${ms} ms later`)
 }
 
+/**
+ * The live processes the emulator started, less a call's own housekeeping after its verdict:
+ * the one `/bin/rm -f -- /tmp/createos-…` that removes staged files its script could not
+ * (see docs/containment.md). It lasts milliseconds and is not a process of the command; every
+ * other process counts.
+ */
+export function liveOfCalls(emu) {
+  return emu.livePids().filter((pid) => !cmdline(pid).startsWith('/bin/rm -f -- /tmp/createos-'))
+}
+
 /** The command line of a live process, spaces between its arguments ('' once it is gone). */
 export function cmdline(pid) {
   try { return readFileSync(`/proc/${pid}/cmdline`, 'utf8').replace(/\0/g, ' ').trim() } catch { return '' }

@@ -6,8 +6,7 @@ import assert from 'node:assert/strict'
 import { createServer } from 'node:http'
 import {
   lib, kinds, bashParams, rejection, assertNoSecrets, sleep,
-  useEmulator
-} from './helpers.mjs'
+  useEmulator, liveOfCalls } from './helpers.mjs'
 
 const { execute, executeStream, followProcess, shellQuote, destroySandbox, waitForRequest, CreateosInputError } = lib
 let ctx
@@ -387,7 +386,7 @@ test('the status in an API error is a number and the operation a fixed label', a
   assert.deepEqual(k.filter((x) => x === 'createProcess'), ['createProcess'], k.join(','))
   assert.ok(k.includes('deleteProcess'), k.join(','))
   assert.equal(k.includes('connect'), false, k.join(','))
-  assert.deepEqual(ctx.emu.livePids(), [])
+  assert.deepEqual(liveOfCalls(ctx.emu), [])
 })
 
 test('shellQuote quotes like the TypeScript module and rejects NUL', () => {

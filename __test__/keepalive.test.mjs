@@ -6,7 +6,7 @@
 import { test, after } from 'node:test'
 import assert from 'node:assert/strict'
 import http from 'node:http'
-import { lib, startEmu, bashParams, sleep } from './helpers.mjs'
+import { lib, startEmu, bashParams, sleep, liveOfCalls } from './helpers.mjs'
 import { fileURLToPath } from 'node:url'
 
 const FILE = fileURLToPath(import.meta.url)
@@ -137,7 +137,47 @@ test(`${WAVE} concurrent commands per wave, idle gaps around the server's 5 s ke
     assert.ok(idle.length > 0, 'connections were reused at all')
     assert.equal(late, 0, `a connection was reused ${maxIdle} ms after its last response (the server closes at ${KEEP_ALIVE_MS} ms)`)
     assert.equal(proxy.seen.upstreamErrors, 0)
-    assert.deepEqual(ctx.emu.livePids(), [])
+    assert.deepEqual(liveOfCalls(ctx.emu), [])
+  } finally {
+    await proxy.close()
+  }
+})
+
+// A server with a short keep-alive (2 s, announced as `Keep-Alive: timeout=2`): the client takes
+// the hint, less its 1 s margin, for the calls made after it saw it, so no connection is reused
+// after 1.5 s idle or more (with the fixed 4 s idle time it would be, and lost as it closes).
+let shortCtx
+after(async () => { if (shortCtx) await shortCtx.close(FILE) })
+test('a server announcing a 2 s keep-alive: its hint is honoured, no connection is reused as it closes', { timeout: 120_000 }, async () => {
+  shortCtx = await startEmu()
+  const keepAliveMs = 2000
+  const proxy = await reverseProxy(shortCtx.url, keepAliveMs)
+  try {
+    const sb = shortCtx.sandbox()
+    const client = { config: { apiUrl: proxy.url, timeoutMs: 60_000, pacing: 'off' }, apiKey: shortCtx.apiKey }
+    const gaps = [1200, 1500, 1800, 1950, 1950]
+    const n = 30
+    const failures = []
+    for (let w = 0; w <= gaps.length; w++) {
+      if (w > 0) await sleep(gaps[w - 1])
+      const results = await Promise.allSettled(
+        Array.from({ length: n }, (_, i) => execute(client, bashParams(sb, `echo s${w}-${i}`))),
+      )
+      results.forEach((r, i) => {
+        if (!(r.status === 'fulfilled' && r.value.exitCode === 0 && r.value.stdout === `s${w}-${i}\n`)) {
+          failures.push(r.status === 'fulfilled' ? JSON.stringify(r.value).slice(0, 200) : `${r.reason?.code} ${r.reason?.message}`)
+        }
+      })
+    }
+    const idle = proxy.seen.reusedIdleMs
+    const late = idle.filter((ms) => ms >= keepAliveMs - 500)
+    console.log(`short keep-alive: ${(gaps.length + 1) * n - failures.length}/${(gaps.length + 1) * n} ok; ` +
+      `server saw ${proxy.seen.requests} requests on ${proxy.seen.connections} connections, ${idle.length} reused, ` +
+      `max idle before reuse ${idle.length ? Math.max(...idle) : 0} ms, ${late.length} reused after >= ${keepAliveMs - 500} ms idle`)
+    assert.deepEqual(failures.slice(0, 5), [], `${failures.length} commands failed`)
+    assert.ok(idle.length > 0, 'connections were reused at all')
+    assert.deepEqual(late, [], 'no connection reused close to the server\'s keep-alive')
+    assert.deepEqual(liveOfCalls(shortCtx.emu), [])
   } finally {
     await proxy.close()
   }
@@ -184,7 +224,7 @@ test(`${SLOW_N} concurrent commands against a slow server with a 5 s keep-alive 
     assert.ok(outputs >= 2 * SLOW_N)
     const end = Date.now() + 5000
     while (slowCtx.emu.livePids().length && Date.now() < end) await sleep(20)
-    assert.deepEqual(slowCtx.emu.livePids(), [], 'no process of any call is alive')
+    assert.deepEqual(liveOfCalls(slowCtx.emu), [], 'no process of any call is alive')
   } finally {
     await proxy.close()
   }

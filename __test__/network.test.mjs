@@ -11,7 +11,7 @@ import { mkdtempSync, writeFileSync, rmSync } from 'node:fs'
 import { tmpdir } from 'node:os'
 import { join } from 'node:path'
 import { fileURLToPath } from 'node:url'
-import { lib, startEmu, kinds, rejection, assertNoSecrets, bashParams, netChild } from './helpers.mjs'
+import { lib, startEmu, kinds, rejection, assertNoSecrets, bashParams, netChild, liveOfCalls } from './helpers.mjs'
 
 const FILE = fileURLToPath(import.meta.url)
 const { execute } = lib
@@ -275,6 +275,6 @@ for (const status of [403, 429]) {
     assert.equal(k.filter((x) => x === 'putFile').length, status === 429 ? 4 : 1, k.join(','))
     assert.ok(k.includes('deleteProcess'), `the process was ended: ${k.join(',')}`)
     assert.ok(ctx.requests().every((x) => x.route !== 'putFile' || x.status === status), 'no gate was written')
-    assert.deepEqual(ctx.emu.livePids(), [])
+    assert.deepEqual(liveOfCalls(ctx.emu), [])
   })
 }

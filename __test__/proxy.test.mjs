@@ -13,7 +13,7 @@ import { mkdtempSync, writeFileSync, readFileSync, rmSync, chmodSync, existsSync
 import { tmpdir } from 'node:os'
 import { join } from 'node:path'
 import { fileURLToPath } from 'node:url'
-import { lib, startEmu, kinds, rejection, assertNoSecrets, bashParams, sleep, netChild } from './helpers.mjs'
+import { lib, startEmu, kinds, rejection, assertNoSecrets, bashParams, sleep, netChild, liveOfCalls } from './helpers.mjs'
 
 const FILE = fileURLToPath(import.meta.url)
 const { execute, isCreateosCleanupError } = lib
@@ -178,7 +178,7 @@ test('squid with basic auth: a wrong password or none is CREATEOS_PROXY_REFUSED 
   const k = kinds(ctx.requests())
   assert.deepEqual([...k].sort(), ['connect', 'createProcess', 'putFile', 'putFile'])
   assert.ok(ctx.emu.connections() >= 1)
-  assert.deepEqual(ctx.emu.livePids(), [])
+  assert.deepEqual(liveOfCalls(ctx.emu), [])
 })
 
 test('a CONNECT squid denies (403) is CREATEOS_PROXY_REFUSED without a status; nothing reaches CreateOS', async () => {

@@ -149,6 +149,7 @@ export type FaultAction =
   // `deleteProcess`
   | { kind: 'treeExitedFalse' }
   | { kind: 'treeExitsAfter'; ms: number }
+  | { kind: 'killOnly' }
   // `listProcesses`
   /** At most `limit` per page; `noTotal`: no `total`, the asked limit echoed (a silent cap). */
   | { kind: 'pageSize'; limit: number; noTotal?: boolean }

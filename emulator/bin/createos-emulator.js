@@ -160,6 +160,16 @@ async function main(argv) {
       fs.writeFileSync(caFile, emulator.caPem, { mode: 0o644 })
       caLine = `CREATEOS_CA_FILE=${caFile}\n`
     }
+    // The handlers are in place before the first line is printed: a caller
+    // that signals as soon as it reads the line must not meet the default
+    // action (death by the signal, the processes left behind).
+    const stopped = new Promise((resolve) => {
+      process.once('SIGINT', resolve)
+      process.once('SIGTERM', resolve)
+    })
+    // The server runs on the native runtime, which does not keep Node's event
+    // loop alive by itself: hold it open until a signal arrives.
+    const keepAlive = setInterval(() => {}, 1 << 30)
     // A sandbox ready to use, so a first command needs no request of its own.
     const sandboxId = emulator.createSandbox()
     // The key is the emulator's own throwaway key, printed so a client can use it.
@@ -170,13 +180,7 @@ async function main(argv) {
       `CREATEOS_SANDBOX_ID=${sandboxId}\n` +
       caLine +
       'It runs real processes on this machine and isolates nothing. Stop it with Ctrl-C.\n')
-    // The server runs on the native runtime, which does not keep Node's event
-    // loop alive by itself: hold it open until a signal arrives.
-    const keepAlive = setInterval(() => {}, 1 << 30)
-    await new Promise((resolve) => {
-      process.once('SIGINT', resolve)
-      process.once('SIGTERM', resolve)
-    })
+    await stopped
     clearInterval(keepAlive)
   } finally {
     await emulator.close()

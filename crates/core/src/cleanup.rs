@@ -37,6 +37,7 @@ use crate::client::{Client, Retry};
 use crate::error::{Attempt, CleanupReason, CleanupReport, DestroyReport, Error, Operation, Result};
 use crate::events::{Event, EventSink};
 use crate::hooks::{self, Phase};
+use crate::script::End;
 
 /// The default cleanup deadline when `timeoutMs` is longer: a host learns the verdict within
 /// 30 s.
@@ -147,8 +148,18 @@ fn tree_exited(data: &Map<String, Value>) -> bool {
     data.get("tree_exited") == Some(&Value::Bool(true))
 }
 
+/// How the record says its process ended (`exit_code`, else `signal`).
+fn end_of(data: &Map<String, Value>) -> End {
+    match (data.get("exit_code").and_then(Value::as_i64), data.get("signal").and_then(Value::as_str)) {
+        (Some(code), _) => End::Exit(code),
+        (None, Some(sig)) => End::Signal(sig.to_owned()),
+        (None, None) => End::Unknown,
+    }
+}
+
 /// Terminates the tree of `process_id` and proves it (see the module doc), within `ctx` (a
-/// cleanup context: its own deadline, never the caller's abort). `Ok(())` = proven gone.
+/// cleanup context: its own deadline, never the caller's abort). `Ok(end)` = proven gone, and
+/// how the terminated record says it ended (`End::Unknown` when no record said).
 ///
 /// `seen_alive`: whether an answer earlier in this call said the tree was alive (then a 404
 /// is no proof); set here too when an answer of this cleanup says so. A panic inside is
@@ -161,7 +172,7 @@ pub async fn terminate(
     ctx: &Ctx,
     steps: &mut Steps,
     seen_alive: &mut bool,
-) -> std::result::Result<(), ()> {
+) -> std::result::Result<End, ()> {
     steps.observe(client);
     let run = terminate_unguarded(client, sandbox_id, process_id, policy, ctx, &mut *steps, &mut *seen_alive);
     match AssertUnwindSafe(run).catch_unwind().await {
@@ -181,7 +192,7 @@ async fn terminate_unguarded(
     ctx: &Ctx,
     steps: &mut Steps,
     seen_alive: &mut bool,
-) -> std::result::Result<(), ()> {
+) -> std::result::Result<End, ()> {
     hooks::panic_at(policy.panic_at, Phase::Cleanup);
     let base = format!("/sandboxes/{sandbox_id}/processes/{process_id}");
     if policy.legacy {
@@ -189,7 +200,7 @@ async fn terminate_unguarded(
         return match delete(client, &base, grace, ctx).await {
             Ok(d) if tree_exited(&d) => {
                 steps.push("delete", Some(grace), "tree exited");
-                Ok(())
+                Ok(end_of(&d))
             }
             Ok(_) => {
                 *seen_alive = true;
@@ -198,7 +209,7 @@ async fn terminate_unguarded(
             }
             Err(Error::Api { status: 404, .. }) if !*seen_alive => {
                 steps.push("delete", Some(grace), "HTTP 404");
-                Ok(())
+                Ok(End::Unknown)
             }
             Err(e) => {
                 steps.push("delete", Some(grace), outcome_of(&e));
@@ -216,7 +227,7 @@ async fn terminate_unguarded(
         match delete(client, &base, grace, ctx).await {
             Ok(d) if tree_exited(&d) => {
                 steps.push("delete", Some(grace), "tree exited");
-                return Ok(());
+                return Ok(end_of(&d));
             }
             Ok(_) => {
                 *seen_alive = true;
@@ -224,7 +235,7 @@ async fn terminate_unguarded(
             }
             Err(Error::Api { status: 404, .. }) if !*seen_alive => {
                 steps.push("delete", Some(grace), "HTTP 404");
-                return Ok(());
+                return Ok(End::Unknown);
             }
             Err(Error::Api { status: 404, .. }) => {
                 steps.push("delete", Some(grace), "HTTP 404 after alive");
@@ -244,17 +255,17 @@ async fn terminate_unguarded(
             Err(e) => steps.push("delete", Some(grace), outcome_of(&e)),
         }
         match confirm(client, &base, policy.confirm_ms, ctx).await {
-            Ok(true) => {
+            Ok(Some(end)) => {
                 steps.push("wait", None, "tree exited");
-                return Ok(());
+                return Ok(end);
             }
-            Ok(false) => {
+            Ok(None) => {
                 *seen_alive = true;
                 steps.push("wait", None, "still running");
             }
             Err(Error::Api { status: 404, .. }) if !*seen_alive => {
                 steps.push("wait", None, "HTTP 404");
-                return Ok(());
+                return Ok(End::Unknown);
             }
             Err(Error::Api { status: 404, .. }) => {
                 steps.push("wait", None, "HTTP 404 after alive");
@@ -295,17 +306,17 @@ async fn delete(client: &Client, base: &str, grace_ms: u64, ctx: &Ctx) -> Result
         .await
 }
 
-/// One `wait?scope=tree` long-poll: `Ok(true)` when the tree exited, `Ok(false)` on 408 (or
-/// an answer without `tree_exited: true`).
-async fn confirm(client: &Client, base: &str, confirm_ms: u64, ctx: &Ctx) -> Result<bool> {
+/// One `wait?scope=tree` long-poll: `Ok(Some(end))` when the tree exited, `Ok(None)` on 408
+/// (or an answer without `tree_exited: true`).
+async fn confirm(client: &Client, base: &str, confirm_ms: u64, ctx: &Ctx) -> Result<Option<End>> {
     let budget =
         ctx.remaining().map_or(confirm_ms, |r| confirm_ms.min(u64::try_from(r.as_millis()).unwrap_or(u64::MAX)));
     let timeout = slice(ctx, Duration::from_millis(budget));
     let path = format!("{base}/wait?scope=tree&timeout_ms={budget}");
     match client.json_with(Operation::ProcessStatus, Method::GET, &path, None, ctx, Retry::RateLimitOnly, timeout).await
     {
-        Ok(d) => Ok(tree_exited(&d)),
-        Err(Error::Api { status: 408, .. }) => Ok(false),
+        Ok(d) => Ok(tree_exited(&d).then(|| end_of(&d))),
+        Err(Error::Api { status: 408, .. }) => Ok(None),
         Err(e) => Err(e),
     }
 }
@@ -334,6 +345,9 @@ pub struct Facts {
     pub settled: bool,
     /// The last creation attempt sent (1 for the first; see `script.rs`, "Attempts").
     pub attempt: u32,
+    /// How the process named by `process_id` ended, as the cleanup's receipt says (whether
+    /// its script removed its staged files: `script::staged_files_remain`).
+    pub ended: End,
 }
 
 /// How a cleanup ended when containment was proven.
@@ -359,7 +373,10 @@ pub async fn contain(
 ) -> std::result::Result<Contained, RecoveryFailure> {
     if let Some(pid) = facts.process_id.clone() {
         return match terminate(client, sandbox_id, &pid, policy, ctx, steps, &mut facts.seen_alive).await {
-            Ok(()) => Ok(Contained::TreeGone),
+            Ok(end) => {
+                facts.ended = end;
+                Ok(Contained::TreeGone)
+            }
             Err(()) => Err(RecoveryFailure { reason: CleanupReason::TerminationUnconfirmed, process_id: Some(pid) }),
         };
     }
@@ -789,27 +806,32 @@ fn attempt_of(process: &Value) -> Option<u32> {
     })
 }
 
-/// The most clearing staged files may take.
-pub const CLEAR_STAGED_DEADLINE: Duration = Duration::from_secs(10);
+/// The most removing staged files may take.
+pub const REMOVE_STAGED_DEADLINE: Duration = Duration::from_secs(10);
 
-/// Clears staged files the script may not have removed itself (it was ended before its gate, or
-/// its gate never opened): an empty upload over each, so the command's stdin does not stay in
-/// the sandbox. It runs after the verdict, only once nothing of the call runs (never while a
-/// process may still read them), under its own short deadline, taking its request slot as new
-/// work does (it never goes ahead of another call's cleanup). It starts no process in the
-/// sandbox: `/exec rm` would, and a process of the call alive after the verdict "nothing of
-/// this call runs" would contradict it for anyone who checks (the files API has no delete, so
-/// the emptied file stays). Housekeeping, not proof: each outcome is a `clear` step on the
-/// cleanup diagnostics channel (`cleared`, or what the upload got), and nothing waits for it.
-pub async fn clear_staged(client: &Client, sandbox_id: &str, paths: &[String], deadline: Duration) {
+/// Removes staged files the script could not remove itself (it was killed at its gate
+/// without the SIGTERM that makes it remove them, or its end is unknown: see
+/// `script::staged_files_remain`): one buffered `/exec` of `rm -f`, the files API having no
+/// delete. It runs after the verdict, only once nothing of the call runs, under its own short
+/// deadline, taking its request slot as new work does (it never goes ahead of another call's
+/// cleanup). Housekeeping, not proof: the outcome is a `remove` step on the cleanup
+/// diagnostics channel (`removed`, or what failed), and nothing waits for it.
+pub async fn remove_staged(client: &Client, sandbox_id: &str, paths: &[String], deadline: Duration) {
     let mut steps = Steps::new();
     steps.observe(client);
-    let ctx = Ctx::with_deadline(crate::abort::Abort::new(), Instant::now() + deadline.min(CLEAR_STAGED_DEADLINE));
-    for path in paths {
-        match client.put_file(sandbox_id, path, bytes::Bytes::new(), &ctx).await {
-            Ok(()) => steps.push("clear", None, "cleared"),
-            Err(e) => steps.push("clear", None, outcome_of(&e)),
+    let ctx = Ctx::with_deadline(crate::abort::Abort::new(), Instant::now() + deadline.min(REMOVE_STAGED_DEADLINE));
+    let mut args = vec![Value::from("-f"), Value::from("--")];
+    args.extend(paths.iter().map(|p| Value::from(p.as_str())));
+    let body = serde_json::json!({ "cmd": "/bin/rm", "args": args });
+    let path = format!("/sandboxes/{sandbox_id}/exec");
+    let timeout = slice(&ctx, Duration::ZERO);
+    let op = Operation::WorkspaceCommand;
+    match client.json_with(op, Method::POST, &path, Some(body), &ctx, Retry::Safe, timeout).await {
+        Ok(d) if d.get("result").and_then(|r| r.get("exit_code")).and_then(Value::as_i64) == Some(0) => {
+            steps.push("remove", None, "removed");
         }
+        Ok(_) => steps.push("remove", None, "failed"),
+        Err(e) => steps.push("remove", None, outcome_of(&e)),
     }
 }
 

@@ -120,7 +120,11 @@ impl Client {
         let target = url::Url::parse(&origin).map_err(|_| Error::Input(INVALID_URL))?;
         let proxy = net::choose_proxy(net_opts.proxy.as_ref(), net::NetEnv::process(), &target)?;
         Ok(Client {
-            transport: Transport::Native(net::http_client(proxy.as_ref(), net_opts.ca_cert_pem.as_deref())?),
+            transport: Transport::Native(net::http_client(
+                proxy.as_ref(),
+                net_opts.ca_cert_pem.as_deref(),
+                net::pool_idle_for(&target.origin().ascii_serialization()),
+            )?),
             pacer: pacer::for_budget(&origin, pacing),
             base: format!("{origin}/v1"),
             key: SecretString::from(api_key.to_owned()),

@@ -185,12 +185,21 @@ pub async fn execute(
                     }
                 }
             };
-            // Proven: nothing of this call runs. The script removes its staged stdin once past
-            // its gate; ended before that (or never let through), it could not, so its content
-            // is cleared after the verdict (housekeeping never delays it), bounded. The gate
-            // and claim files hold no data of the command and name this call alone.
-            if let (true, Some(path)) = (facts.staged, &stdin_path) {
-                spawn_clear(Arc::clone(&client), sb.to_owned(), vec![path.clone()], cfg.cleanup.deadline);
+            // Proven: nothing of this call runs. The script removes its staged files once past
+            // its gate, and at its gate on the SIGTERM a DELETE starts with; killed without it
+            // (or its end unknown) it could not, so they are removed after the verdict
+            // (housekeeping never delays it), bounded. The cancel file stays: a late creation
+            // must still find it.
+            // (A settled run completed: its script was past its gate.) Without staged stdin, once
+            // the gate was sent, the only file a signal death can leave is the gate itself (one
+            // byte, no data of the command), and only when the kill came between the gate's
+            // release and the script's next poll; a timed-out command that dies of its SIGTERM is
+            // by far the likelier reading, so no removal is sent for it.
+            let may_have_files = !facts.settled && (facts.staged || (!facts.gate_sent && facts.process_id.is_some()));
+            if may_have_files && script::staged_files_remain(&facts.ended, facts.gate_sent) {
+                let mut paths: Vec<String> = stdin_path.iter().cloned().collect();
+                paths.extend([gate_path.clone(), script::claim_path(&gate_path)]);
+                spawn_remove(Arc::clone(&client), sb.to_owned(), paths, cfg.cleanup.deadline);
             }
             // Only an abort that ended the run makes the outcome an abort: one that fired
             // during the cleanup never replaces a real error (a gap, an eviction, a panic).
@@ -232,12 +241,12 @@ fn cleanup_ctx(began: Instant, deadline: Duration) -> Ctx {
 /// See [`cleanup_ctx`].
 const CLEANUP_FLOOR: Duration = Duration::from_millis(500);
 
-/// Clears staged files after the verdict, in a task of its own under its own short deadline
-/// (see [`cleanup::clear_staged`]); nothing waits for it.
-fn spawn_clear(client: Arc<Client>, sandbox_id: String, paths: Vec<String>, deadline: Duration) {
+/// Removes staged files after the verdict, in a task of its own under its own short deadline
+/// (see [`cleanup::remove_staged`]); nothing waits for it.
+fn spawn_remove(client: Arc<Client>, sandbox_id: String, paths: Vec<String>, deadline: Duration) {
     tokio::spawn(async move {
-        let clear = cleanup::clear_staged(&client, &sandbox_id, &paths, deadline);
-        let _ = AssertUnwindSafe(clear).catch_unwind().await;
+        let remove = cleanup::remove_staged(&client, &sandbox_id, &paths, deadline);
+        let _ = AssertUnwindSafe(remove).catch_unwind().await;
     });
 }
 
@@ -405,14 +414,17 @@ async fn create_process(
         let mut seen_alive = false;
         let cleanup_ctx = Ctx::cleanup(cfg.cleanup.deadline);
         let gate = scripts.gate_path;
+        // Cancelled first, so the lost attempt can never run later, and a process of it that
+        // the list finds takes the DELETE's SIGTERM as cancelled: it leaves the staged stdin
+        // (the next attempt's) in place. Unwritten, the attempt is not sent again.
+        let cancelled = cleanup::cancel_attempts(client, sb, gate, n, &cleanup_ctx, &mut steps).await;
         let recovered =
             cleanup::recover_creation(client, sb, gate, n, &cfg.cleanup, &cleanup_ctx, &mut steps, &mut seen_alive)
                 .await;
         if let Err(f) = recovered {
             return Created::Settled(steps.report(f.reason, sb, f.process_id.as_deref()));
         }
-        // Nothing of this call runs now; cancelled, the lost attempt can never run later.
-        if cleanup::cancel_attempts(client, sb, gate, n, &cleanup_ctx, &mut steps).await.is_err() {
+        if cancelled.is_err() {
             return Created::Settled(steps.report(CleanupReason::CreationUnconfirmed, sb, None));
         }
         if ctx.abort.is_aborted() {

@@ -42,15 +42,18 @@
 //! 5 s after which Node's `http` server (and Apache, lighttpd, uvicorn by default) closes an
 //! idle connection. A request sent on a connection the server is closing at that moment is
 //! lost with no answer, and for a process creation that means "maybe created". undici (Node's
-//! `fetch`) avoids it by honouring the server's `Keep-Alive: timeout=N` hint (less 1 s), and
-//! keeps 4 s when there is none. hyper-util's pool, under reqwest, has one idle timeout per
-//! client and reads no hint, and reqwest exposes no per-connection expiry, so the hint cannot
-//! be honoured per connection here; 4 s is undici's choice without a hint and stays 1 s below
-//! the common 5 s. The cost: a connection idle for longer is made anew (one TCP and TLS
-//! handshake); the commands of a busy host keep theirs warm. A server whose keep-alive is
-//! shorter than about 5 s can still close a connection as it is reused (HTTP/2 servers
-//! announce a close with `GOAWAY` first). hyper-util itself retries a request that a reused
-//! connection failed before it was sent; one lost after it was sent is the caller's to handle.
+//! `fetch`) avoids it by honouring the server's `Keep-Alive: timeout=N` hint less a margin,
+//! and keeps 4 s when there is none. hyper-util's pool, under reqwest, has one idle timeout
+//! per client and reads no hint, and reqwest exposes no per-connection expiry, so the hint is
+//! honoured per origin instead: an answer whose `Keep-Alive: timeout=N` is shorter than
+//! [`POOL_IDLE`] plus [`KEEP_ALIVE_MARGIN`] is noted ([`note_keep_alive`]), and the clients
+//! made for that origin from then on (every call makes its own; see [`http_client`]) keep idle
+//! connections N s less the margin (no pooling at all below [`MIN_POOL_IDLE`]). A longer hint
+//! never raises the 4 s. The cost: a connection idle for longer is made anew (one TCP and TLS
+//! handshake); a call that began before the hint was seen keeps the pool it began with. HTTP/2
+//! servers announce a close with `GOAWAY` first. hyper-util itself retries a request that a
+//! reused connection failed before it was sent; one lost after it was sent is the caller's to
+//! handle (a creation goes through the recovery, see `execute.rs`).
 //!
 //! **HTTP/2.** ALPN offers `h2` and `http/1.1`. A stream's flow-control window is 1 MiB and
 //! the connection's 32 MiB: a stream whose reader stalls (a slow `log`) holds at most its own
@@ -76,6 +79,44 @@ pub const H2_CONNECTION_WINDOW: u32 = 32 * 1024 * 1024;
 pub const POOL_IDLE: Duration = Duration::from_secs(4);
 /// At most this many distinct (proxy, trust) clients are cached; beyond, clients are built per call.
 const MAX_CACHED_CLIENTS: usize = 32;
+
+/// What is taken off a server's `Keep-Alive: timeout=N` hint (see "Keep-alive" above).
+pub const KEEP_ALIVE_MARGIN: Duration = Duration::from_secs(1);
+/// Below this idle time connections are not pooled at all.
+pub const MIN_POOL_IDLE: Duration = Duration::from_millis(250);
+/// At most this many origins' hints are kept.
+const MAX_LEARNED_ORIGINS: usize = 64;
+
+fn learned() -> &'static Mutex<HashMap<String, Duration>> {
+    static LEARNED: OnceLock<Mutex<HashMap<String, Duration>>> = OnceLock::new();
+    LEARNED.get_or_init(Default::default)
+}
+
+/// The idle time a `Keep-Alive` header value asks for (`timeout=N`, N whole seconds, less
+/// [`KEEP_ALIVE_MARGIN`]), when it is shorter than [`POOL_IDLE`]; `None` otherwise.
+pub fn keep_alive_idle(header: &str) -> Option<Duration> {
+    let secs: u64 = header.split(',').find_map(|part| {
+        let (name, value) = part.split_once('=')?;
+        name.trim().eq_ignore_ascii_case("timeout").then(|| value.trim().trim_matches('"').parse().ok())?
+    })?;
+    let idle = Duration::from_secs(secs.min(3600)).saturating_sub(KEEP_ALIVE_MARGIN);
+    (idle < POOL_IDLE).then_some(idle)
+}
+
+/// Notes the `Keep-Alive` header of an answer from `origin` (see "Keep-alive" above).
+pub fn note_keep_alive(origin: &str, header: &str) {
+    let Some(idle) = keep_alive_idle(header) else { return };
+    let mut m = learned().lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+    if m.contains_key(origin) || m.len() < MAX_LEARNED_ORIGINS {
+        m.insert(origin.to_owned(), idle);
+    }
+}
+
+/// How long idle connections to `origin` are kept: [`POOL_IDLE`], or less when its server
+/// said so.
+pub fn pool_idle_for(origin: &str) -> Duration {
+    learned().lock().unwrap_or_else(std::sync::PoisonError::into_inner).get(origin).copied().unwrap_or(POOL_IDLE)
+}
 
 /// The environment variables this module reads.
 pub const ENV_VARS: [&str; 10] = [
@@ -339,6 +380,7 @@ fn env_roots() -> &'static [reqwest::Certificate] {
 struct Key {
     proxy: Option<ProxyUrl>,
     ca_pem: Option<String>,
+    idle: Duration,
 }
 
 fn build(key: &Key) -> Result<reqwest::Client> {
@@ -347,7 +389,7 @@ fn build(key: &Key) -> Result<reqwest::Client> {
         .no_proxy()
         .redirect(reqwest::redirect::Policy::none())
         .connect_timeout(Duration::from_secs(30))
-        .pool_idle_timeout(POOL_IDLE)
+        .pool_idle_timeout(key.idle)
         .tcp_nodelay(true)
         .https_only(false)
         .user_agent(concat!("createos-execute/", env!("CARGO_PKG_VERSION")))
@@ -363,16 +405,19 @@ fn build(key: &Key) -> Result<reqwest::Client> {
             b = b.add_root_certificate(c);
         }
     }
+    if key.idle < MIN_POOL_IDLE {
+        b = b.pool_max_idle_per_host(0);
+    }
     if let Some(p) = &key.proxy {
         b = b.proxy(reqwest::Proxy::all(p.0.as_str()).map_err(|_| Error::Input(INVALID_PROXY))?);
     }
     b.build().map_err(|_| FAILED)
 }
 
-/// The process's HTTP client for this (proxy, trust) configuration.
-pub fn http_client(proxy: Option<&ProxyUrl>, ca_pem: Option<&str>) -> Result<reqwest::Client> {
+/// The process's HTTP client for this (proxy, trust, idle keep-alive) configuration.
+pub fn http_client(proxy: Option<&ProxyUrl>, ca_pem: Option<&str>, idle: Duration) -> Result<reqwest::Client> {
     static CLIENTS: OnceLock<Mutex<HashMap<Key, reqwest::Client>>> = OnceLock::new();
-    let key = Key { proxy: proxy.cloned(), ca_pem: ca_pem.map(str::to_owned) };
+    let key = Key { proxy: proxy.cloned(), ca_pem: ca_pem.map(str::to_owned), idle };
     let map = CLIENTS.get_or_init(Default::default);
     if let Some(c) = map.lock().unwrap_or_else(std::sync::PoisonError::into_inner).get(&key) {
         return Ok(c.clone());
@@ -465,6 +510,28 @@ pub fn is_loopback_ip(ip: IpAddr) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_short_keep_alive_hint_lowers_the_idle_time_of_its_origin_only() {
+        let ms = |v: u64| Some(Duration::from_millis(v));
+        assert_eq!(keep_alive_idle("timeout=2"), ms(1000));
+        assert_eq!(keep_alive_idle("max=100, timeout=3"), ms(2000));
+        assert_eq!(keep_alive_idle(" Timeout = 1 "), ms(0));
+        // Not shorter than ours, or not a number: no change.
+        for h in ["timeout=5", "timeout=60", "timeout=x", "max=5", "", "timeout=-1", "timeout=99999999999999999999"] {
+            assert_eq!(keep_alive_idle(h), None, "{h}");
+        }
+        let origin = "http://hint-test.invalid:1";
+        assert_eq!(pool_idle_for(origin), POOL_IDLE);
+        note_keep_alive(origin, "timeout=5");
+        assert_eq!(pool_idle_for(origin), POOL_IDLE);
+        note_keep_alive(origin, "timeout=2");
+        assert_eq!(pool_idle_for(origin), Duration::from_secs(1));
+        assert_eq!(pool_idle_for("http://other.invalid:1"), POOL_IDLE);
+        // Clients with a lowered idle time, and without pooling, are built.
+        assert!(http_client(None, None, Duration::from_secs(1)).is_ok());
+        assert!(http_client(None, None, Duration::ZERO).is_ok());
+    }
 
     fn url(s: &str) -> url::Url {
         url::Url::parse(s).unwrap()

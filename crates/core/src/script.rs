@@ -49,6 +49,38 @@ pub const GATE_TIMEOUT_EXIT: i32 = 125;
 /// it ran nothing.
 pub const CANCELLED_EXIT: i32 = 124;
 
+/// Exit status of a script that got SIGTERM before it passed its gate (the DELETE of a
+/// cleanup: its grace starts with SIGTERM): it ran nothing and removed its staged stdin, its
+/// gate and its claim file first. A cleanup that reads this status in the terminated record
+/// knows no staged file of the call remains (see [`staged_files_remain`]).
+pub const STAGED_REMOVED_EXIT: i32 = 122;
+
+/// How a terminated process ended, as its record (the DELETE's answer, or `wait`'s) says.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub enum End {
+    /// No record said (a 404, an answer without the fields).
+    #[default]
+    Unknown,
+    Exit(i64),
+    Signal(String),
+}
+
+/// Whether staged files of a call (its stdin, gate, claim) may remain after its process
+/// ended as `end`, given whether the gate's content may have been sent. Past its gate the
+/// script removes them; at its gate a SIGTERM makes it remove them ([`STAGED_REMOVED_EXIT`]),
+/// and so does its own gate timeout ([`GATE_TIMEOUT_EXIT`]). An exit status after the gate was
+/// sent is the command's own (it ran: the script was past its gate). A death by a signal may
+/// be the command's, or the script's before it could act: still in its login shell, where a
+/// SIGTERM finds no trap yet, or a SIGKILL from a server whose DELETE sends no SIGTERM first.
+/// The record cannot tell them apart, so they may remain; so may they after an unknown end.
+pub fn staged_files_remain(end: &End, gate_sent: bool) -> bool {
+    match end {
+        End::Exit(c) if *c == i64::from(STAGED_REMOVED_EXIT) || *c == i64::from(GATE_TIMEOUT_EXIT) => false,
+        End::Exit(_) => !gate_sent,
+        End::Signal(_) | End::Unknown => true,
+    }
+}
+
 /// The call's cancel file, next to its gate: it holds the number of the last cancelled
 /// attempt (see the module doc).
 pub fn cancel_path(gate_path: &str) -> String {
@@ -152,6 +184,12 @@ pub fn command_script(cmd: &Command<'_>, gate: Option<&Gate<'_>>) -> Result<Stri
             "__cos_cancelled() {{ [ -s {cancel_q} ] || return 1; __cos_c=; read -r __cos_c < {cancel_q}; \
              case $__cos_c in ''|*[!0-9]*) return 0;; esac; [ \"$__cos_c\" -ge {attempt} ]; }}"
         ));
+        // A SIGTERM before the gate is passed (a cleanup's DELETE) removes what was staged for
+        // this call, unless this attempt is cancelled (the files may be a later attempt's).
+        lines.push(format!(
+            "trap 'if __cos_cancelled; then exit {CANCELLED_EXIT}; fi; rm -f -- {remove_all}; exit {STAGED_REMOVED_EXIT}' TERM",
+            remove_all = [Some(&gate_q), Some(&claim_q), stdin_q.as_ref()].into_iter().flatten().cloned().collect::<Vec<_>>().join(" ")
+        ));
         lines.push("while :; do".into());
         lines.push(format!("  if __cos_cancelled; then exit {CANCELLED_EXIT}; fi"));
         // Open: the cancel file is read again after the gate was seen open (every cancellation
@@ -174,6 +212,8 @@ pub fn command_script(cmd: &Command<'_>, gate: Option<&Gate<'_>>) -> Result<Stri
             }
             None => lines.push("exec 0</dev/null".into()),
         }
+        // Nothing staged remains: the command gets SIGTERM's default action.
+        lines.push("trap - TERM".into());
         lines.push("unset -f __cos_cancelled".into());
         lines.push("unset __cos_attempt __cos_end __cos_nap __cos_x __cos_c".into());
     }
@@ -387,6 +427,82 @@ mod tests {
             assert_eq!(std::fs::read_to_string(&ran).unwrap(), "ran\n");
         }
         std::fs::remove_dir_all(&dir).ok();
+    }
+
+    fn term(child: &std::process::Child) {
+        let st = Proc::new("kill").arg("-TERM").arg(child.id().to_string()).status().unwrap();
+        assert!(st.success());
+    }
+
+    #[test]
+    fn a_sigterm_at_the_gate_removes_what_was_staged_and_says_so() {
+        for (stdin_mode, name) in [(std::process::Stdio::piped(), "pipe"), (std::process::Stdio::null(), "eof")] {
+            let dir = fresh_dir(&format!("term-{name}"));
+            let (gate, stdin) = (dir.join("gate"), dir.join("stdin"));
+            std::fs::write(&stdin, "secret").unwrap();
+            std::fs::write(&gate, "").unwrap();
+            let claim = claim_path(gate.to_str().unwrap());
+            let c = Command { command: "true", args: &[], cwd: None, env: &[] };
+            let g = Gate {
+                gate_path: gate.to_str().unwrap(),
+                stdin_path: Some(stdin.to_str().unwrap()),
+                timeout_s: 30,
+                attempt: 1,
+            };
+            let mut child = Proc::new("/bin/bash")
+                .arg("-c")
+                .arg(command_script(&c, Some(&g)).unwrap())
+                .stdin(stdin_mode)
+                .spawn()
+                .unwrap();
+            std::thread::sleep(std::time::Duration::from_millis(200));
+            assert!(child.try_wait().unwrap().is_none(), "{name}: waiting at its gate");
+            term(&child);
+            let started = std::time::Instant::now();
+            let st = child.wait().unwrap();
+            assert_eq!(st.code(), Some(STAGED_REMOVED_EXIT), "{name}");
+            assert!(started.elapsed() < std::time::Duration::from_secs(2), "{name}: within a poll");
+            assert!(!stdin.exists() && !gate.exists() && !std::path::Path::new(&claim).exists(), "{name}");
+            std::fs::remove_dir_all(&dir).ok();
+        }
+    }
+
+    #[test]
+    fn a_sigterm_leaves_a_cancelled_attempts_files_and_the_commands_own_default() {
+        // Cancelled (a later attempt may own the staged files): nothing is removed.
+        let dir = fresh_dir("term-cancelled");
+        let ran = dir.join("ran");
+        let gate = dir.join("gate");
+        let mut waiting = gated(&dir, 1, &ran);
+        std::thread::sleep(std::time::Duration::from_millis(150));
+        std::fs::write(&gate, "").unwrap();
+        std::fs::write(cancel_path(gate.to_str().unwrap()), "1").unwrap();
+        term(&waiting);
+        assert_eq!(waiting.wait().unwrap().code(), Some(CANCELLED_EXIT));
+        assert!(gate.exists(), "a cancelled attempt touches nothing");
+        // Past its gate the command has SIGTERM's default action, not the trap.
+        let c = Command { command: "sleep", args: &["30".to_string()], cwd: None, env: &[] };
+        let gate2 = dir.join("gate2");
+        std::fs::write(&gate2, GATE_CONTENT).unwrap();
+        let g = Gate { gate_path: gate2.to_str().unwrap(), stdin_path: None, timeout_s: 30, attempt: 1 };
+        let mut child = Proc::new("/bin/bash").arg("-c").arg(command_script(&c, Some(&g)).unwrap()).spawn().unwrap();
+        std::thread::sleep(std::time::Duration::from_millis(300));
+        term(&child);
+        use std::os::unix::process::ExitStatusExt;
+        assert_eq!(child.wait().unwrap().signal(), Some(15));
+        std::fs::remove_dir_all(&dir).ok();
+    }
+
+    #[test]
+    fn which_ends_may_leave_staged_files() {
+        assert!(!staged_files_remain(&End::Exit(STAGED_REMOVED_EXIT.into()), false));
+        assert!(!staged_files_remain(&End::Exit(GATE_TIMEOUT_EXIT.into()), false));
+        assert!(!staged_files_remain(&End::Exit(0), true));
+        assert!(staged_files_remain(&End::Exit(0), false));
+        assert!(staged_files_remain(&End::Signal("SIGTERM".into()), true));
+        assert!(staged_files_remain(&End::Signal("SIGTERM".into()), false));
+        assert!(staged_files_remain(&End::Signal("SIGKILL".into()), true));
+        assert!(staged_files_remain(&End::Unknown, true));
     }
 
     #[test]

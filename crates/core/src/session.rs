@@ -277,19 +277,23 @@ impl Supervisor {
     }
 }
 
-/// Ends `sup`'s tree through the provider (DELETE, confirmed) under `ctx`, and clears its
-/// staged stdin afterwards. Err = unproven, with the steps.
+/// Ends `sup`'s tree through the provider (DELETE, confirmed) under `ctx`, and removes its
+/// staged stdin afterwards when its end says it may remain. Err = unproven, with the steps.
 async fn prove(client: &Client, sup: &Supervisor, ctx: &Ctx, steps: &mut Steps) -> std::result::Result<(), ()> {
     let mut seen = sup.seen_alive.load(Ordering::Relaxed);
     let r = cleanup::terminate(client, &sup.sandbox_id, &sup.process_id, &sup.policy, ctx, steps, &mut seen).await;
-    if r.is_ok() && sup.stdin_used {
+    // The supervisor's traps remove the staged stdin when it ends by an exit status (its own,
+    // or the SIGTERM a DELETE starts with); a death by a signal or an unknown end may have
+    // left it.
+    let left = matches!(&r, Ok(script::End::Unknown | script::End::Signal(_)));
+    if left && sup.stdin_used {
         let (c, sb, paths, d) =
             (Arc::clone(&sup.client), sup.sandbox_id.clone(), vec![format!("{}.in", sup.marker)], sup.policy.deadline);
         tokio::spawn(async move {
-            let _ = AssertUnwindSafe(cleanup::clear_staged(&c, &sb, &paths, d)).catch_unwind().await;
+            let _ = AssertUnwindSafe(cleanup::remove_staged(&c, &sb, &paths, d)).catch_unwind().await;
         });
     }
-    r
+    r.map(drop)
 }
 
 /// Ends an idle or retired supervisor with the proof, in a task of its own; nobody waits.

@@ -192,6 +192,9 @@ async fn send_native(http: &reqwest::Client, req: Request<'_>) -> Result<Respons
         Payload::Octets(b) => r.header(CONTENT_TYPE, "application/octet-stream").body(b),
     };
     let resp = r.send().await.map_err(|e| native_send_error(&e))?;
+    if let Some(hint) = resp.headers().get("keep-alive").and_then(|v| v.to_str().ok()) {
+        net::note_keep_alive(&resp.url().origin().ascii_serialization(), hint);
+    }
     Ok(Response::native(resp))
 }
 

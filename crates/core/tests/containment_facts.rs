@@ -117,41 +117,44 @@ async fn the_verdict_comes_within_the_deadline(action: serde_json::Value) {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_hanging_file_clear_never_delays_a_proven_verdict() {
+async fn a_hanging_file_removal_never_delays_a_proven_verdict() {
     with_emulator(unlimited(), |emu| async move {
         let sb = emu.create_sandbox_now();
-        // The abort comes while the creation's answer is on its way: the gate never opens, so
-        // the staged stdin stays behind and is cleared after the verdict. The clear hangs.
+        // The abort comes while the creation's answer is on its way: the DELETE may find the
+        // script before its trap (a signal death), so the staged files are removed after the
+        // verdict by one `/exec rm`. The removal hangs.
         fault(&emu, json!({ "route": "createProcess", "times": 1, "action": { "kind": "delay", "ms": 500 } }));
-        fault(&emu, json!({ "route": "putFile", "skip": 1, "action": { "kind": "delay", "ms": 60000 } }));
+        fault(&emu, json!({ "route": "exec", "action": { "kind": "delay", "ms": 60000 } }));
+        // The DELETE kills at once: the script can never remove its files itself.
+        fault(&emu, json!({ "route": "deleteProcess", "action": { "kind": "killOnly" } }));
         let c = cfg(&emu, json!({ "cleanupDeadlineMs": 4000 }));
         let (r, after_abort) =
             timed_out_with_stdin(&c, &sb, "cat >/dev/null; sleep 300", Duration::from_millis(200)).await;
-        // The clear never delays the verdict (it would have waited up to the deadline).
+        // The removal never delays the verdict (it would have waited up to the deadline).
         assert!(after_abort < Duration::from_millis(3000), "verdict {after_abort:?} after the abort");
         let r = r.unwrap();
         assert!(r.timed_out);
         // A timeout whose tree was ended and proven gone says so.
         assert_eq!(r.tree_exited, Some(true));
         assert_nothing_alive(&emu).await;
-        // The clear still goes out, after the proof, and starts no process. (Only requests
-        // that arrived in full count: the gate's held upload, abandoned unsent, is a putFile
-        // record too.)
-        let arrived_puts = |l: &[String]| l.iter().filter(|x| x.starts_with("PUT putFile")).count();
+        // The removal still goes out, after the proof.
         for _ in 0..150 {
-            if arrived_puts(&log(&emu)) >= 2 {
+            if count(&emu, "exec") >= 1 {
                 break;
             }
             tokio::time::sleep(Duration::from_millis(20)).await;
         }
         let l = log(&emu);
         let delete = l.iter().position(|x| x.starts_with("DELETE deleteProcess")).expect("a DELETE");
-        let puts: Vec<usize> =
-            l.iter().enumerate().filter(|(_, x)| x.starts_with("PUT putFile")).map(|(i, _)| i).collect();
-        assert_eq!(puts.len(), 2, "the staging and the clear: {l:?}");
-        assert!(puts[0] < delete && delete < puts[1], "{l:?}");
-        assert_eq!(count(&emu, "exec"), 0);
+        let exec: Vec<usize> =
+            l.iter().enumerate().filter(|(_, x)| x.starts_with("POST exec")).map(|(i, _)| i).collect();
+        assert_eq!(exec.len(), 1, "one removal: {l:?}");
+        assert!(delete < exec[0], "{l:?}");
+        // (Only requests that arrived in full count: the gate's held upload, abandoned unsent,
+        // is a putFile record too.)
+        assert_eq!(l.iter().filter(|x| x.starts_with("PUT putFile")).count(), 1, "the staging only: {l:?}");
         assert!(emu.live_pids().is_empty(), "no process of the call after its verdict");
+        emu.clear_faults();
     })
     .await;
 }
@@ -392,8 +395,8 @@ async fn a_creation_lost_before_any_answer_is_sent_again_once_the_list_proves_no
             &l[..4],
             &[
                 "POST createProcess 0",
-                "GET listProcesses limit=500&offset=0 200",
                 "PUT putFile cancel 200",
+                "GET listProcesses limit=500&offset=0 200",
                 "POST createProcess 201"
             ]
         );
@@ -407,9 +410,9 @@ async fn a_creation_lost_before_any_answer_is_sent_again_once_the_list_proves_no
             &l[..5],
             &[
                 "POST createProcess 0",
+                "PUT putFile cancel 200",
                 "GET listProcesses limit=500&offset=0 200",
                 "DELETE deleteProcess grace_ms=1000 200",
-                "PUT putFile cancel 200",
                 "POST createProcess 201"
             ]
         );

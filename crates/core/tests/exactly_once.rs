@@ -65,16 +65,13 @@ fn tokens(emu: &Emulator) -> Vec<String> {
     out
 }
 
-/// The files of a call's token still in `/tmp` (gate, claim, stdin; the cancel file is ours to
-/// leave: it holds no data).
-/// The staged files of `token` in `/tmp` that still hold data: the staged stdin with content
-/// (the gate, its claim and the cancel file hold none of the command's data).
+/// The staged files of a call's token still in `/tmp`: its gate, claim and staged stdin (the
+/// cancel file stays by design: a creation applied late must still find it; it holds a number).
 fn staged_files(token: &str) -> Vec<String> {
     std::fs::read_dir("/tmp")
         .unwrap()
         .filter_map(|e| e.ok()?.file_name().into_string().ok())
-        .filter(|n| n.contains(token) && n.starts_with("createos-stdin-"))
-        .filter(|n| std::fs::metadata(format!("/tmp/{n}")).is_ok_and(|m| m.len() > 0))
+        .filter(|n| n.contains(token) && !n.ends_with(".cancelled"))
         .collect()
 }
 
@@ -90,7 +87,7 @@ fn remove_call_files(token: &str) {
     }
 }
 
-/// Waits (up to 10 s) until no staged data of `token` remains; returns what remains.
+/// Waits (up to 10 s) until no staged file of `token` remains; returns what remains.
 async fn staged_files_after(token: &str) -> Vec<String> {
     for _ in 0..500 {
         if staged_files(token).is_empty() {
@@ -173,10 +170,15 @@ async fn a_creation_applied_after_the_recovery_list_never_runs_the_command_twice
             // The unpaged list: short, then the same again at the next offset (conclusive), or
             // with the late process already on it (found, and ended). Either way the lost
             // attempt is cancelled before the creation is sent again.
-            assert_eq!(&l[..2], &["POST createProcess 0", "GET listProcesses limit=500&offset=0 200"][..], "{l:?}");
-            assert!(l[2].starts_with("GET listProcesses limit=500&offset=") && l[2].ends_with(" 200"), "{l:?}");
-            let mut rest = l[3..].iter().skip_while(|x| x.starts_with("DELETE deleteProcess") && x.ends_with(" 200"));
-            assert_eq!(rest.next().map(String::as_str), Some("PUT putFile cancel 200"), "{l:?}");
+            // The lost attempt is cancelled first (a process of it found on the list then
+            // leaves the staged files to the next attempt), then the list is read.
+            assert_eq!(
+                &l[..3],
+                &["POST createProcess 0", "PUT putFile cancel 200", "GET listProcesses limit=500&offset=0 200"][..],
+                "{l:?}"
+            );
+            assert!(l[3].starts_with("GET listProcesses limit=500&offset=") && l[3].ends_with(" 200"), "{l:?}");
+            let mut rest = l[4..].iter().skip_while(|x| x.starts_with("DELETE deleteProcess") && x.ends_with(" 200"));
             assert_eq!(rest.next().map(String::as_str), Some("POST createProcess 201"), "{l:?}");
             late_creations_applied(&emu, 1).await;
             nothing_alive_by(&emu, settled + Duration::from_secs(1)).await;
@@ -194,7 +196,8 @@ async fn a_creation_applied_after_the_recovery_list_never_runs_the_command_twice
                 })
                 .collect();
             assert_eq!(late.len(), 1, "round {round}: {late:?}");
-            // Cancelled (124), or ended by the recovery's DELETE while it waited (a signal).
+            // Cancelled (124: by the cancel file, or by it when the recovery's DELETE came), or
+            // ended by that DELETE before its script ran (a signal).
             let how = (late[0]["exit_code"].as_i64(), late[0]["signal"].as_str());
             assert!(matches!(how, (Some(124), _) | (_, Some(_))), "round {round}: {}", late[0]);
             // Only the cancel file stays (it holds no data).
@@ -267,9 +270,9 @@ async fn lost_creations_in_a_used_sandbox_under_an_unpaged_list() {
             &log(&emu)[..5],
             &[
                 "POST createProcess 0",
+                "PUT putFile cancel 200",
                 "GET listProcesses limit=500&offset=0 200",
                 "GET listProcesses limit=500&offset=2 200",
-                "PUT putFile cancel 200",
                 "POST createProcess 201",
             ][..]
         );
@@ -283,9 +286,12 @@ async fn lost_creations_in_a_used_sandbox_under_an_unpaged_list() {
         assert_eq!(r.exit_code, Some(0));
         assert_eq!(runs(&file), 1);
         let l = log(&emu);
-        assert_eq!(&l[..2], &["POST createProcess 0", "GET listProcesses limit=500&offset=0 200"][..]);
-        assert!(l[2].starts_with("GET listProcesses limit=500&offset=4 200"), "{l:?}");
-        assert!(l[3].starts_with("DELETE deleteProcess"), "{l:?}");
+        assert_eq!(
+            &l[..3],
+            &["POST createProcess 0", "PUT putFile cancel 200", "GET listProcesses limit=500&offset=0 200"][..]
+        );
+        assert!(l[3].starts_with("GET listProcesses limit=500&offset=4 200"), "{l:?}");
+        assert!(l[4].starts_with("DELETE deleteProcess"), "{l:?}");
         assert!(l.iter().any(|x| x == "POST createProcess 201"), "{l:?}");
         assert_nothing_alive(&emu).await;
 
@@ -336,8 +342,13 @@ async fn staged_run(
     (tokens(emu).pop().expect("the gate was uploaded"), r)
 }
 
+/// The requests of the last call, in order (`METHOD kind status`).
+fn positions(l: &[String], prefix: &str) -> Vec<usize> {
+    l.iter().enumerate().filter(|(_, x)| x.starts_with(prefix)).map(|(i, _)| i).collect()
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn no_staged_stdin_remains_after_a_stream_error_a_timeout_or_a_success() {
+async fn no_staged_file_remains_after_a_stream_error_a_timeout_or_a_success() {
     with_emulator(documented(), |emu| {
         Box::pin(async move {
             let sb = emu.create_sandbox_now();
@@ -349,29 +360,61 @@ async fn no_staged_stdin_remains_after_a_stream_error_a_timeout_or_a_success() {
                 .await
                 .unwrap();
 
-            // A stream error while the script is still starting.
+            // A stream error while the script is still starting (its login shell): the DELETE's
+            // SIGTERM ends it before it could remove anything, so one `/exec rm` does, after the
+            // process was proven gone.
             fault(&emu, json!({ "route": "connect", "times": 1, "action": { "kind": "errorFrame", "error": "boom" } }));
             let (token, r) = staged_run(&emu, &c, &sb, "cat", None).await;
             assert!(matches!(r, Err(Error::Protocol(_))), "{r:?}");
+            assert_eq!(staged_files_after(&token).await, Vec::<String>::new(), "after a stream error: {:?}", log(&emu));
             assert_nothing_alive(&emu).await;
-            assert_eq!(staged_files_after(&token).await, Vec::<String>::new(), "after a stream error");
             let l = log(&emu);
-            let delete = l.iter().position(|x| x.starts_with("DELETE")).expect("ended");
-            let clear = l.iter().rposition(|x| x.starts_with("PUT putFile")).expect("cleared");
-            assert!(delete < clear, "cleared only once proven gone: {l:?}");
-            assert!(!l.iter().any(|x| x.starts_with("POST exec")), "no process started for it: {l:?}");
+            let delete = positions(&l, "DELETE");
+            let exec = positions(&l, "POST exec");
+            assert!(!delete.is_empty() && exec.len() == 1 && delete[0] < exec[0], "removed once proven gone: {l:?}");
 
-            // A timeout while the script is still starting.
+            // A timeout while the script is still starting: the same.
             let (token, r) = staged_run(&emu, &c, &sb, "cat", Some(Duration::from_millis(300))).await;
             assert!(r.unwrap().timed_out);
-            assert_nothing_alive(&emu).await;
             assert_eq!(staged_files_after(&token).await, Vec::<String>::new(), "after a timeout");
+            assert_nothing_alive(&emu).await;
+            assert_eq!(positions(&log(&emu), "POST exec").len(), 1);
 
             // A success: the script removed them itself; nothing more is sent.
             let (token, r) = staged_run(&emu, &c, &sb, "cat", None).await;
             assert_eq!(r.unwrap().stdout.to_string(), "secret");
             assert_eq!(staged_files(&token), Vec::<String>::new(), "after a success");
             assert!(!log(&emu).iter().any(|x| x.starts_with("POST exec")));
+            assert_nothing_alive(&emu).await;
+
+            // The rest needs the injected panic (a failure that leaves the gate shut).
+            if !cfg!(feature = "test-hooks") {
+                return;
+            }
+            // At its gate (a fast login; the DELETE comes 300 ms after a failure that leaves the
+            // gate shut): the script takes the DELETE's SIGTERM, removes its files itself and
+            // says so in its exit status, so no `/exec` is sent.
+            let sb2 = emu.create_sandbox_now();
+            let failing = cfg(&emu, json!({ "__panicAt": "create" }));
+            fault(&emu, json!({ "route": "deleteProcess", "times": 1, "action": { "kind": "delay", "ms": 300 } }));
+            let (token, r) = staged_run(&emu, &failing, &sb2, "cat", None).await;
+            assert!(r.is_err(), "{r:?}");
+            assert_eq!(staged_files(&token), Vec::<String>::new(), "removed by the script at its gate");
+            tokio::time::sleep(Duration::from_millis(300)).await;
+            let l = log(&emu);
+            assert!(!l.iter().any(|x| x.starts_with("POST exec")), "{l:?}");
+            assert_nothing_alive(&emu).await;
+
+            // A server whose DELETE sends SIGKILL at once: nothing could run in the script, so
+            // the `/exec rm` removes them.
+            fault(&emu, json!({ "route": "deleteProcess", "times": 1, "action": { "kind": "killOnly" } }));
+            fault(&emu, json!({ "route": "deleteProcess", "times": 1, "action": { "kind": "delay", "ms": 300 } }));
+            let (token, r) = staged_run(&emu, &failing, &sb2, "cat", None).await;
+            assert!(r.is_err(), "{r:?}");
+            assert_eq!(staged_files_after(&token).await, Vec::<String>::new(), "after a SIGKILL");
+            let l = log(&emu);
+            let (delete, exec) = (positions(&l, "DELETE"), positions(&l, "POST exec"));
+            assert!(!delete.is_empty() && exec.len() == 1 && delete[0] < exec[0], "{l:?}");
             assert_nothing_alive(&emu).await;
         })
     })

@@ -228,7 +228,14 @@ async fn on_a_cold_http1_client_the_gate_request_goes_out_beside_the_creation() 
         assert!(gate.at_ms < connect.at_ms, "the gate's request went out before the attach: {reqs:?}");
         assert!(gate.received_ms.unwrap() >= connect.received_ms.unwrap(), "its byte after it: {reqs:?}");
         assert_ne!(gate.connection, create.connection, "a connection of its own, opened beside the creation's");
-        assert_eq!(emu.connections(), 2);
+        // The attach normally reuses the creation's connection (2 in all). hyper's HTTP/1 pool
+        // takes a finished connection back from a task of its own, so a request sent the
+        // instant the creation's body ended can miss it and open one more; never beyond that.
+        let opened = emu.connections();
+        assert!((2..=3).contains(&opened), "connections opened: {opened}: {reqs:?}");
+        if opened == 2 {
+            assert_eq!(connect.connection, create.connection, "{reqs:?}");
+        }
     })
     .await;
 }

@@ -110,6 +110,9 @@ pub enum FaultAction {
     TreeExitedFalse,
     /// Answer `tree_exited:false` at once and really SIGKILL the tree `ms` later.
     TreeExitsAfter { ms: u64 },
+    /// SIGKILL the tree at once, no SIGTERM first (a server whose DELETE ignores the grace:
+    /// the documented minimum does not say it sends SIGTERM), then answer as usual.
+    KillOnly,
     // ---- list faults (route `listProcesses`) ----
     /// Serve at most `limit` processes per page, whatever the client asks for. With
     /// `no_total` the page's `pagination` has no `total` and echoes the asked `limit`, as a
@@ -184,7 +187,7 @@ impl FaultAction {
             | OversizeFrame
             | HeartbeatsOnly { .. }
             | FastStream { .. } => route == "connect",
-            TreeExitedFalse | TreeExitsAfter { .. } => route == "deleteProcess",
+            TreeExitedFalse | TreeExitsAfter { .. } | KillOnly => route == "deleteProcess",
             PageSize { .. } | IgnoreOffset => route == "listProcesses",
             ApplyLate { .. } => route == "createProcess",
         }
@@ -211,6 +214,7 @@ pub(crate) struct StreamFaults {
 pub(crate) struct DeleteFaults {
     pub tree_exited_false: bool,
     pub tree_exits_after: Option<u64>,
+    pub kill_only: bool,
 }
 
 /// Everything that fired for one request.
@@ -281,6 +285,7 @@ pub(crate) fn evaluate(slots: &mut [super::FaultSlot], route: &str, method: &str
             FastStream { mib, frame_bytes } => s.fast = Some((*mib, (*frame_bytes).max(1))),
             TreeExitedFalse => fired.delete.tree_exited_false = true,
             TreeExitsAfter { ms } => fired.delete.tree_exits_after = Some(*ms),
+            KillOnly => fired.delete.kill_only = true,
             PageSize { limit, no_total } => {
                 fired.page_size = Some((*limit).max(1));
                 fired.no_total |= *no_total;

@@ -808,6 +808,10 @@ async fn delete_process(inner: &Arc<Inner>, p: Arc<Proc>, query: &HashMap<String
     }
     // A DELETE without a fault tells the truth again (an earlier stubborn answer is over).
     p.st.lock().unwrap().tree_hold = false;
+    if fired.delete.kill_only {
+        model::kill_now(inner, &p).await;
+        return ok(StatusCode::OK, p.to_json());
+    }
     model::terminate(inner, &p, Duration::from_millis(grace)).await;
     ok(StatusCode::OK, p.to_json())
 }

@@ -12,6 +12,9 @@ command -v setsid >/dev/null 2>&1 || exit 127
 command -v base64 >/dev/null 2>&1 || exit 127
 __cos_in="$__cos_marker.in"
 trap 'rm -f -- "$__cos_in"' EXIT
+# A DELETE's SIGTERM (bash runs no EXIT trap on a fatal signal): the staged stdin is removed
+# and the exit status says so (script::STAGED_REMOVED_EXIT), so no removal is sent after.
+trap 'rm -f -- "$__cos_in"; exit 122' TERM
 while IFS= read -r -t "$__cos_idle" __cos_rec; do
   __cos_tok=${__cos_rec%% *}
   __cos_rest=${__cos_rec#* }
