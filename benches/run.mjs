@@ -3,7 +3,7 @@
 // local emulator. Prints the machine, a table (median of N runs with min/max)
 // and writes bench-results/latest.json.
 //
-//   node benches/run.mjs [--quick] [--runs N] [--sections 1,2,3,4,5,6,7,8,9,10,11,12]
+//   node benches/run.mjs [--quick] [--runs N] [--sections 1,2,3,4,5,6,7,8,9,10,11,12,13]
 //                        [--emulator child|inproc|both] [--baseline build|auto|skip]
 //                        [--out FILE]
 //
@@ -89,7 +89,7 @@ function parseArgs(argv) {
       case '--baseline': o.baseline = val(); break
       case '--out': o.out = val(); break
       case '-h': case '--help':
-        process.stdout.write('usage: node benches/run.mjs [--quick] [--runs N] [--sections 1,2,3,4,5,6,7,8,9,10,11,12] [--emulator child|inproc|both] [--baseline build|auto|skip] [--out FILE]\n')
+        process.stdout.write('usage: node benches/run.mjs [--quick] [--runs N] [--sections 1,2,3,4,5,6,7,8,9,10,11,12,13] [--emulator child|inproc|both] [--baseline build|auto|skip] [--out FILE]\n')
         process.exit(0)
         break
       default: throw new Error(`unknown argument ${a}`)

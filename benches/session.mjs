@@ -49,7 +49,7 @@ export async function sessionBench(opts, { emulator, row, note, log }) {
     await sleep(100)
     const reqs = (await emu.requests()).length
     out.requests[mode] = reqs / n
-    row('12', `requests per command over ${n} sequential echos, ${mode}`, stats([reqs / n]), 'req', mode === 'session' ? `${reqs} requests in all, the supervisor's creation, stream and proven end included; target ≤ 1.2` : `${reqs} requests in all`, 2)
+    row('13', `requests per command over ${n} sequential echos, ${mode}`, stats([reqs / n]), 'req', mode === 'session' ? `${reqs} requests in all, the supervisor's creation, stream and proven end included; target ≤ 1.2` : `${reqs} requests in all`, 2)
   }
   // 2. A warm echo over TLS (h2) at 50 ms RTT.
   out.wan = {}
@@ -75,7 +75,7 @@ export async function sessionBench(opts, { emulator, row, note, log }) {
     }
     const s = stats(walls)
     out.wan[mode] = { wallMs: s, perRtt: s.median / rtt, requests: stats(reqs).median }
-    row('12', `warm echo, TLS h2, RTT ${rtt} ms, ${mode}`, s, 'ms', `${fmt(s.median / rtt, 2)} RTT; ${fmt(stats(reqs).median, 0)} req/cmd${mode === 'session' ? '; target ≤ 1.5 RTT' : ''}`, 0)
+    row('13', `warm echo, TLS h2, RTT ${rtt} ms, ${mode}`, s, 'ms', `${fmt(s.median / rtt, 2)} RTT; ${fmt(stats(reqs).median, 0)} req/cmd${mode === 'session' ? '; target ≤ 1.5 RTT' : ''}`, 0)
   }
   await lib.destroySandbox(clientOf(emu, undefined, { caCertPem: emu.caPem }), sb)
   // 3. Commands per minute on a 300-per-minute budget, scaled in time.
@@ -99,7 +99,7 @@ export async function sessionBench(opts, { emulator, row, note, log }) {
     await Promise.all([worker(), worker(), worker(), worker()])
     const perMinute = (done * 60) / seconds
     out.budget[mode] = perMinute
-    row('12', `commands per minute, budget 300/min (${limit} per ${windowMs} ms), 4 callers, ${mode}`, stats([perMinute]), 'cmd/min', mode === 'session' ? 'target ≥ 200' : 'about 75 expected', 0)
+    row('13', `commands per minute, budget 300/min (${limit} per ${windowMs} ms), 4 callers, ${mode}`, stats([perMinute]), 'cmd/min', mode === 'session' ? 'target ≥ 200' : 'about 75 expected', 0)
     await lib.destroySandbox(clientOf(e, undefined, { pacing: { limit, windowMs } }), s).catch((err) => note(`§13 destroy: ${err && err.message}`))
   }
   return out

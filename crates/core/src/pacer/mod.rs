@@ -52,7 +52,7 @@ use crate::abort::{Class, Ctx};
 use crate::error::Result;
 
 pub use local::Local;
-use redis_store::{Answer, RedisStore};
+use redis_store::{Answer, Confirmed, RedisStore};
 
 /// A warning for the host (`process.emitWarning(message, { code })`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -185,6 +185,10 @@ enum Held {
     Local(u64),
     Shared(Arc<RedisStore>, String),
 }
+
+/// How long a waiter of the shared store sleeps at most before it measures this process's
+/// share again (one op per key at most every [`redis_store`]'s share interval).
+const SHARE_REFRESH: Duration = Duration::from_secs(1);
 
 pub struct Pacer {
     key: String,
@@ -333,8 +337,19 @@ impl Pacer {
                 }
             }
             Held::Shared(store, member) => match store.confirm(&self.key, rule, member).await {
-                Some(None) => Next::Start,
-                Some(Some(wait)) => Next::Wait(Held::Shared(store.clone(), member.clone()), Instant::now() + wait),
+                Some(Confirmed::Start) => Next::Start,
+                Some(Confirmed::Moved(wait)) => {
+                    Next::Wait(Held::Shared(store.clone(), member.clone()), Instant::now() + wait)
+                }
+                // The store came back empty from a restart this process did not see: it
+                // knows none of the window's starts, and the processes that saw the outage
+                // keep to their shares meanwhile; so does this one, for a window, while its
+                // starts go back.
+                Some(Confirmed::Lost) => {
+                    store.lost(&self.key, rule);
+                    let (id, at) = self.local.reserve_as(store.fallback_rule(&self.key, rule), Instant::now(), class);
+                    Next::Wait(Held::Local(id), at)
+                }
                 // No answer: this process's own budget decides (its share of the limit, over
                 // the starts it knows of, its pause); the store learns of the start when it
                 // answers again, and the member is given back.
@@ -369,11 +384,29 @@ impl Pacer {
         // A decision can take a connection's bound (a new one); an abort does not wait for it.
         let mut at = ctx.run(async { Ok(self.reserve_in_store(rule, class, &mut pending).await) }).await?;
         while at > Instant::now() {
+            // A long wait for a slot of the shared store wakes now and then to measure this
+            // process's share afresh: the share its fallback would use if the store went down
+            // now must count the processes that reserved since (see `RedisStore::refresh_share`).
+            let wake = match pending.held.as_ref() {
+                Some(Held::Shared(..)) => at.min(Instant::now() + SHARE_REFRESH),
+                _ => at,
+            };
             ctx.run(async {
-                tokio::time::sleep_until(at).await;
+                tokio::time::sleep_until(wake).await;
                 Ok(())
             })
             .await?;
+            if wake < at {
+                if let Some(Held::Shared(store, _)) = pending.held.as_ref() {
+                    let store = store.clone();
+                    ctx.run(async {
+                        store.refresh_share(&self.key, rule).await;
+                        Ok(())
+                    })
+                    .await?;
+                }
+                continue;
+            }
             let Some(h) = pending.held.as_ref() else { break };
             let next = ctx.run(async { Ok(self.confirm(h, rule, class).await) }).await?;
             match next {

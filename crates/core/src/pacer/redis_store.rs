@@ -53,7 +53,9 @@
 //! and with every later op until the store has them, so the window that spans the outage holds.
 //! The other processes come back one by one, each with its own starts: for one window after the
 //! return ([`RedisStore::settling`]) decisions stay at this process's share while the timer
-//! writes its starts back, then the store decides again.
+//! writes its starts back, then the store decides again. A process that had no op in flight
+//! while the store was down sees the restart when the store no longer holds a reservation whose
+//! slot came ([`Confirmed::Lost`]) and settles the same way ([`RedisStore::lost`]).
 //! An abort or the caller's deadline does not wait for a decision.
 //!
 //! The URL (it may hold a password) is kept only inside the redis client; it is never
@@ -87,8 +89,8 @@ pub const KEY_PREFIX: &str = "createos-execute:pacing:v1:";
 pub const MAX_OWED: usize = 1024;
 /// Most own starts kept per budget key to tell a store that lost or missed them.
 const MAX_RECENT: usize = 4096;
-/// How often a reservation also measures this client's share of the store's members: every
-/// [`SHARE_EVERY_N`]-th reservation, and at least every [`SHARE_EVERY`].
+/// How often a reservation or a confirmation also measures this client's share of the store's
+/// members: every [`SHARE_EVERY_N`]-th op, and the first op after [`SHARE_EVERY`] went by.
 const SHARE_EVERY: Duration = Duration::from_millis(250);
 const SHARE_EVERY_N: u32 = 8;
 /// Most budget keys a store keeps owed releases and recent starts for.
@@ -97,7 +99,7 @@ const MAX_KEYS: usize = 256;
 const SCRIPT: &str = r"
 -- KEYS[1] starts (sorted set, score = start in µs of server time), KEYS[2] pause (µs),
 -- KEYS[3] packed (µs: no new work fits anywhere between now and it)
--- ARGV: op, limit, window µs, member, pause µs (pause) or 1 = measure the share (reserve),
+-- ARGV: op, limit, window µs, member, pause µs (pause) or 1 = measure the share (reserve, confirm),
 -- n, n members owed a release, then pairs (member, age µs) of starts this client made that
 -- the store may not hold.
 -- A member's first byte is its class: 'c' (cleanup) or 'n' (new work).
@@ -230,14 +232,17 @@ local function share(m)
   -- The last window's members and the next window's: enough to tell, and a bounded read.
   local names = redis.call('ZRANGEBYSCORE', KEYS[1], '(' .. n2s(now - window), '(' .. n2s(now + window), 'LIMIT', 0, 4 * limit + 64)
   for i = 1, #names do
-    total = total + 1
-    local n = string.match(names[i], '^.:([^:]*):')
-    if n then
-      if n == nonce then
-        own = own + 1
-      elseif not seen[n] then
-        seen[n] = true
-        clients = clients + 1
+    -- A confirm's member is already held: counted once, above.
+    if names[i] ~= m then
+      total = total + 1
+      local n = string.match(names[i], '^.:([^:]*):')
+      if n then
+        if n == nonce then
+          own = own + 1
+        elseif not seen[n] then
+          seen[n] = true
+          clients = clients + 1
+        end
       end
     end
   end
@@ -292,6 +297,13 @@ if op == 'reserve' or op == 'confirm' then
     local w = place(member)
     return {0, w, own, total, clients}
   end
+  -- A reservation the store no longer holds: it came back empty (a restart the client did not
+  -- see) and knows nothing of the window's starts. The client decides alone for a window, by
+  -- the share it had (an empty store has no share to tell).
+  if op == 'confirm' and not s then return {2, 0, -1, -1, -1} end
+  -- A slot that comes measures the share too: a share measured before the other processes
+  -- reserved (a process that took a whole window alone) must not outlive their arrival.
+  if op == 'confirm' and ARGV[5] == '1' then share(member) end
   -- Decided by the member's state, so a retry answers as the first run did.
   if s then
     s = tonumber(s)
@@ -321,6 +333,12 @@ elseif op == 'release' then
   touch()
   return {0, 0, own, total, clients}
 elseif op == 'sync' then
+  -- With a member of this client that the store does not hold: measure its share (counted
+  -- as if reserved, then taken out again).
+  if ARGV[5] == '1' and member ~= '' and not redis.call('ZSCORE', KEYS[1], member) then
+    share(member)
+    own, total = own - 1, total - 1
+  end
   touch()
   return {0, 0, own, total, clients}
 elseif op == 'pause' then
@@ -457,6 +475,19 @@ impl Drop for WatchGuard {
             store.watching.store(false, Ordering::SeqCst);
         }
     }
+}
+
+/// The store's word on a reservation whose slot has come.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Confirmed {
+    /// Start now (the store counted the start).
+    Start,
+    /// Wait this long: a cleanup took the slot, a pause began, or the window is full of real
+    /// starts.
+    Moved(Duration),
+    /// The store no longer holds the reservation: it came back empty from a restart this
+    /// process did not see, and holds none of the window's starts.
+    Lost,
 }
 
 /// What the store answered.
@@ -926,33 +957,37 @@ impl RedisStore {
         }
     }
 
+    /// Whether the next reservation or confirmation on `key` measures this process's share
+    /// (1) or not (0): when the latest measure saw fewer members than the limit, every
+    /// [`SHARE_EVERY_N`]-th op, and the first op after [`SHARE_EVERY`] went by.
+    fn measure_due(&self, key: &str) -> u128 {
+        let mut keys = lock(&self.keys);
+        let now = Instant::now();
+        match keys.get_mut(key) {
+            // Also while the latest measure saw fewer members than the limit (too little
+            // to tell a share by; the members are few, so the read is cheap).
+            // Also every few reservations: a snapshot from before the others reserved says
+            // nothing of them.
+            Some(k)
+                if !k.share_full
+                    || k.since_share >= SHARE_EVERY_N
+                    || k.share_asked.is_none_or(|t| now >= t + SHARE_EVERY) =>
+            {
+                k.share_asked = Some(now);
+                k.since_share = 0;
+                1
+            }
+            Some(k) => {
+                k.since_share += 1;
+                0
+            }
+            None => 0,
+        }
+    }
+
     pub async fn reserve(&self, key: &str, rule: Rule, member: &str) -> Answer {
         self.note_rule(key, rule);
-        // The share is measured at most every [`SHARE_EVERY`] per key.
-        let measure = {
-            let mut keys = lock(&self.keys);
-            let now = Instant::now();
-            match keys.get_mut(key) {
-                // Also while the latest measure saw fewer members than the limit (too little
-                // to tell a share by; the members are few, so the read is cheap).
-                // Also every few reservations: a snapshot from before the others reserved says
-                // nothing of them.
-                Some(k)
-                    if !k.share_full
-                        || k.since_share >= SHARE_EVERY_N
-                        || k.share_asked.is_none_or(|t| now >= t + SHARE_EVERY) =>
-                {
-                    k.share_asked = Some(now);
-                    k.since_share = 0;
-                    1
-                }
-                Some(k) => {
-                    k.since_share += 1;
-                    0
-                }
-                None => 0,
-            }
-        };
+        let measure = self.measure_due(key);
         match self.call_sent(key, "reserve", rule, member, measure, false).await {
             Ok((_, wait)) => Answer::Wait(Duration::from_micros(wait.max(0).unsigned_abs())),
             Err(sent) => {
@@ -965,11 +1000,64 @@ impl RedisStore {
         }
     }
 
-    /// `Some(None)` = start now; `Some(Some(wait))` = moved (a cleanup took the slot, a pause
-    /// began, or the window is full of real starts); `None` = no answer.
-    pub async fn confirm(&self, key: &str, rule: Rule, member: &str) -> Option<Option<Duration>> {
-        let (moved, wait) = self.call(key, "confirm", rule, member, 0).await?;
-        Some((moved == 1).then(|| Duration::from_micros(wait.max(0).unsigned_abs())))
+    /// The store's word on a reservation whose slot has come; `None` = no answer.
+    pub async fn confirm(&self, key: &str, rule: Rule, member: &str) -> Option<Confirmed> {
+        let measure = self.measure_due(key);
+        let (flag, wait) = self.call(key, "confirm", rule, member, measure).await?;
+        Some(match flag {
+            0 => Confirmed::Start,
+            2 => Confirmed::Lost,
+            _ => Confirmed::Moved(Duration::from_micros(wait.max(0).unsigned_abs())),
+        })
+    }
+
+    /// Measures this process's share of the store's members on `key` again, when it is due
+    /// (see [`RedisStore::measure_due`]): a waiter calls it while it waits for a slot, so the
+    /// share a fallback would use counts the processes that reserved since the last measure
+    /// (one that took a window alone before the others came would otherwise keep a share of
+    /// the whole limit). No answer marks the store down, as any op does.
+    pub async fn refresh_share(&self, key: &str, rule: Rule) {
+        if self.is_down() || self.measure_due(key) == 0 {
+            return;
+        }
+        let probe = self.member(Class::New);
+        let _ = self.call(key, "sync", rule, &probe, 1).await;
+    }
+
+    /// The store lost a reservation of this process on `key` (see [`Confirmed::Lost`]): as after
+    /// an outage, for one window this process keeps to its share and its starts of the last
+    /// window go back to the store, every [`MIN_BACKOFF`] while it settles, so the processes
+    /// that saw the outage and this one count each other's starts again.
+    pub fn lost(self: &Arc<Self>, key: &str, rule: Rule) {
+        self.note_rule(key, rule);
+        let now = Instant::now();
+        {
+            let mut keys = lock(&self.keys);
+            let Some(k) = keys.get_mut(key) else { return };
+            if k.settle_until.is_some_and(|t| t > now) {
+                return;
+            }
+            k.prune(now);
+            let mut all: Vec<(String, Instant)> = k.recent.iter().cloned().collect();
+            all.append(&mut k.unsent);
+            all.truncate(MAX_RECENT);
+            k.unsent = all;
+            k.settle_until = Some(now + rule.window);
+        }
+        let Ok(rt) = tokio::runtime::Handle::try_current() else { return };
+        let store = Arc::downgrade(self);
+        let key = key.to_owned();
+        rt.spawn(async move {
+            loop {
+                let Some(s) = store.upgrade() else { return };
+                let _ = s.call_sent(&key, "sync", rule, "", 0, false).await;
+                if !s.settling(&key) || s.is_down() {
+                    return;
+                }
+                drop(s);
+                tokio::time::sleep(MIN_BACKOFF).await;
+            }
+        });
     }
 
     /// Removes `member`; without an answer (the store is down or slow) it is owed.
