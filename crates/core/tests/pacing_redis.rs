@@ -118,6 +118,15 @@ async fn settles_at(url: &str, key: &str, n: i64, what: &str) {
     }
 }
 
+/// A caller of `p` on a task of its own; the task answers when it started.
+fn spawn_waiter(p: &Arc<Pacer>) -> tokio::task::JoinHandle<Instant> {
+    let p = p.clone();
+    tokio::spawn(async move {
+        p.acquire(&Ctx::new(Abort::new())).await.unwrap();
+        Instant::now()
+    })
+}
+
 /// Most starts in any window of `window` (half-open).
 fn max_in_window(starts: &[Instant], window: Duration) -> usize {
     let mut sorted = starts.to_vec();
@@ -179,13 +188,7 @@ async fn a_shared_pause_holds_other_processes_waiters() {
     let b = shared_pacer(&server.url(), key, mode);
     a.acquire(&Ctx::new(Abort::new())).await.unwrap();
     // b reserves the next slot (~200 ms out) and waits; then a sees a 429 with 600 ms.
-    let waiter = {
-        let b = b.clone();
-        tokio::spawn(async move {
-            b.acquire(&Ctx::new(Abort::new())).await.unwrap();
-            Instant::now()
-        })
-    };
+    let waiter = spawn_waiter(&b);
     tokio::time::sleep(Duration::from_millis(50)).await;
     let paused_at = Instant::now();
     a.pause(Duration::from_millis(600)).await;
@@ -744,13 +747,7 @@ async fn a_lost_confirm_answer_retried_on_a_new_connection_does_not_start_inside
     let a = shared_pacer(&format!("redis://127.0.0.1:{}/0", proxy.port), key, mode);
     let other = shared_pacer(&server.url(), key, mode);
     a.acquire(&Ctx::new(Abort::new())).await.unwrap();
-    let waiter = {
-        let a = a.clone();
-        tokio::spawn(async move {
-            a.acquire(&Ctx::new(Abort::new())).await.unwrap();
-            Instant::now()
-        })
-    };
+    let waiter = spawn_waiter(&a);
     tokio::time::sleep(Duration::from_millis(150)).await;
     settles_at(&server.url(), key, 2, "the waiter holds the next slot").await;
     // Another process sees a 429; its pause reaches the store before the waiter's slot comes.
@@ -1031,13 +1028,7 @@ async fn a_reservation_lost_in_an_unseen_restart_settles_and_writes_the_window_b
         a.acquire(&Ctx::new(Abort::new())).await.unwrap();
     }
     // The window is full: the next waiter's slot is a window after the first starts.
-    let waiter = {
-        let a = a.clone();
-        tokio::spawn(async move {
-            a.acquire(&Ctx::new(Abort::new())).await.unwrap();
-            Instant::now()
-        })
-    };
+    let waiter = spawn_waiter(&a);
     settles_at(&server.url(), key, 5, "four starts and the waiter's reservation").await;
     tokio::time::sleep_until(t0 + Duration::from_millis(2000)).await;
     server.kill();
