@@ -398,6 +398,16 @@ impl KeyState {
         }
         self.unsent.retain(|(_, at)| *at + rule.window > now);
     }
+
+    /// Every start of the last window goes to the store again with the next op (a store that
+    /// may have come back empty).
+    fn resend_window(&mut self, now: Instant) {
+        self.prune(now);
+        let mut all: Vec<(String, Instant)> = self.recent.iter().cloned().collect();
+        all.append(&mut self.unsent);
+        all.truncate(MAX_RECENT);
+        self.unsent = all;
+    }
 }
 
 /// One Redis store (per URL), shared by every budget key that uses it.
@@ -685,11 +695,7 @@ impl RedisStore {
             // to it again once it answers.
             let now = Instant::now();
             for k in lock(&self.keys).values_mut() {
-                k.prune(now);
-                let mut all: Vec<(String, Instant)> = k.recent.iter().cloned().collect();
-                all.append(&mut k.unsent);
-                all.truncate(MAX_RECENT);
-                k.unsent = all;
+                k.resend_window(now);
             }
             h = lock(&self.health);
         }
@@ -1037,11 +1043,7 @@ impl RedisStore {
             if k.settle_until.is_some_and(|t| t > now) {
                 return;
             }
-            k.prune(now);
-            let mut all: Vec<(String, Instant)> = k.recent.iter().cloned().collect();
-            all.append(&mut k.unsent);
-            all.truncate(MAX_RECENT);
-            k.unsent = all;
+            k.resend_window(now);
             k.settle_until = Some(now + rule.window);
         }
         let Ok(rt) = tokio::runtime::Handle::try_current() else { return };
