@@ -97,7 +97,7 @@ test('DELETE answering 404 counts as gone', async () => {
   assert.equal(r.timedOut, true)
   // The faked 404 kept the real DELETE from running: the command ends on its own.
   const end = Date.now() + 3000
-  while (ctx.emu.livePids().length && Date.now() < end) await sleep(20)
+  while (liveOfCalls(ctx.emu).length && Date.now() < end) await sleep(20)
   assert.deepEqual(liveOfCalls(ctx.emu), [])
 })
 

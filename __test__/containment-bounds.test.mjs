@@ -8,7 +8,7 @@ import { Worker } from 'node:worker_threads'
 import { spawn } from 'node:child_process'
 import { join } from 'node:path'
 import {
-  lib, useEmulator, kinds, ROOT, rejection, bashParams, markedProcesses, sleep, TERMINATION_UNCONFIRMED,
+  lib, useEmulator, kinds, ROOT, rejection, bashParams, markedProcesses, sleep, TERMINATION_UNCONFIRMED, liveOfCalls,
 } from './helpers.mjs'
 
 const INDEX = join(ROOT, 'index.js')
@@ -17,8 +17,8 @@ useEmulator(import.meta.url, (c) => { ctx = c })
 
 async function nothingAlive(ms = 5000) {
   const deadline = Date.now() + ms
-  while (ctx.emu.livePids().length && Date.now() < deadline) await sleep(25)
-  return ctx.emu.livePids()
+  while (liveOfCalls(ctx.emu).length && Date.now() < deadline) await sleep(25)
+  return liveOfCalls(ctx.emu)
 }
 
 function aliveWithProcessId(processId) {

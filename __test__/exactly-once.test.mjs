@@ -50,7 +50,7 @@ test('a creation applied right after the recovery list: the command runs once, t
   // files to the next attempt), then listed, then sent again.
   assert.ok(log.indexOf('PUT cancel') === 1 && log.indexOf('GET listProcesses') > 1 && log.indexOf('GET listProcesses') < create, log.join(', '))
   assert.ok(await until(() => ctx.requests().some((q) => q.appliedMs != null)), 'the late creation was applied')
-  assert.ok(await until(() => ctx.emu.livePids().length === 0), 'nothing of the call stays alive')
+  assert.ok(await until(() => liveOfCalls(ctx.emu).length === 0), 'nothing of the call stays alive')
   assert.equal(runs(file), 1, 'the command ran exactly once')
   rmSync(file, { force: true })
   rmSync(`/tmp/createos-start-${tokenOf(ctx.requests())}.cancelled`, { force: true })

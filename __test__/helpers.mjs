@@ -354,15 +354,15 @@ export async function endLeftovers(emu) {
 }
 
 /**
- * Waits (up to `ms`) until the emulator lists no live process; fails naming each one still
- * alive (pid, state, command line). A call may end with housekeeping of its own after its
- * verdict (the removal of staged files is one short `rm`), so "nothing alive" is a state the
- * emulator reaches, not one it is in the instant a call settles.
+ * Waits (up to `ms`) until no process of a call is alive; fails naming each one still alive
+ * (pid, state, command line). A call may end with housekeeping of its own after its verdict
+ * (the removal of staged files is one short `/exec` of `rm`, see docs/containment.md), which
+ * is no process of the command: `liveOfCalls` leaves it out.
  */
 export async function assertNoneAlive(emu, ms = 5000) {
   const end = Date.now() + ms
-  while (emu.livePids().length && Date.now() < end) await sleep(20)
-  const alive = emu.livePids().map((pid) => {
+  while (liveOfCalls(emu).length && Date.now() < end) await sleep(20)
+  const alive = liveOfCalls(emu).map((pid) => {
     let state = '?'
     try { const stat = readFileSync(`/proc/${pid}/stat`, 'utf8'); state = stat[stat.lastIndexOf(')') + 2] } catch {}
     return `${pid} (${state}) ${cmdline(pid)}`
@@ -371,13 +371,13 @@ export async function assertNoneAlive(emu, ms = 5000) {
 }
 
 /**
- * The live processes the emulator started, less a call's own housekeeping after its verdict:
- * the one `/bin/rm -f -- /tmp/createos-…` that removes staged files its script could not
- * (see docs/containment.md). It lasts milliseconds and is not a process of the command; every
- * other process counts.
+ * The live processes of calls: those of the managed processes the emulator started, less the
+ * `/exec` commands (the only one a call runs is its housekeeping after the verdict, which
+ * nothing waits for). The emulator tells them by marker, from the fork on, so an `rm` that has
+ * not yet executed (its command line still the parent's) is told apart as well.
  */
 export function liveOfCalls(emu) {
-  return emu.livePids().filter((pid) => !cmdline(pid).startsWith('/bin/rm -f -- /tmp/createos-'))
+  return emu.liveProcessPids()
 }
 
 /** The command line of a live process, spaces between its arguments ('' once it is gone). */

@@ -223,7 +223,7 @@ test(`${SLOW_N} concurrent commands against a slow server with a 5 s keep-alive 
     const outputs = reqs.filter((r) => r.route === 'createProcess' && r.status === 201).length
     assert.ok(outputs >= 2 * SLOW_N)
     const end = Date.now() + 5000
-    while (slowCtx.emu.livePids().length && Date.now() < end) await sleep(20)
+    while (liveOfCalls(slowCtx.emu).length && Date.now() < end) await sleep(20)
     assert.deepEqual(liveOfCalls(slowCtx.emu), [], 'no process of any call is alive')
   } finally {
     await proxy.close()

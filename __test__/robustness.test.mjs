@@ -69,7 +69,7 @@ test('a throwing log callback does not skip the cleanup of a timed-out command',
   assert.ok(seen.includes('deleteProcess'), `cleanup DELETE was sent: ${seen.join(' ')}`)
   assert.ok(r.metadata && r.metadata.processId, 'the timed-out result names the process')
   const deadline = Date.now() + 3000
-  while (E.emu.livePids().length && Date.now() < deadline) await new Promise((res) => setTimeout(res, 25))
+  while (liveOfCalls(E.emu).length && Date.now() < deadline) await new Promise((res) => setTimeout(res, 25))
   assert.deepEqual(liveOfCalls(E.emu), [], 'the process tree is gone')
 })
 

@@ -3,7 +3,7 @@
 // supervisor's tree, confirmed), and a later command works on a new supervisor.
 import { test } from 'node:test'
 import assert from 'node:assert/strict'
-import { lib, kinds, kindOf, bashParams, rejection, sleep, useEmulator, cmdline, CANCELLED } from './helpers.mjs'
+import { lib, kinds, kindOf, bashParams, rejection, sleep, useEmulator, cmdline, CANCELLED, liveOfCalls } from './helpers.mjs'
 
 const { execute, destroySandbox, CreateosApiError } = lib
 let ctx
@@ -31,7 +31,7 @@ async function until(cond, what, ms = 10_000) {
 /** The sandbox's supervisors end first, with their proof; nothing of it is left alive. */
 async function finish(sandbox) {
   await destroySandbox(ctx.client(), sandbox)
-  await until(() => ctx.emu.livePids().length === 0, 'no live process')
+  await until(() => liveOfCalls(ctx.emu).length === 0, 'no live process')
 }
 
 /** A fresh sandbox for one test, destroyed after it whatever the outcome (a failed test
@@ -177,7 +177,7 @@ test('a command that leaves a child, keep: the supervisor is retired (a new one 
   assert.notEqual(next.metadata.processId, r.metadata.processId)
   assert.equal(kinds(ctx.requests()).filter((k) => k === 'createProcess').length, 2)
   // Both end after the idle time, each with the proof.
-  await until(() => ctx.emu.livePids().length === 0, 'the idle supervisors and the leftover to end')
+  await until(() => liveOfCalls(ctx.emu).length === 0, 'the idle supervisors and the leftover to end')
   assert.equal(kinds(ctx.requests()).filter((k) => k === 'deleteProcess').length, 2)
   await finish(sandbox)
 })

@@ -48,6 +48,11 @@ export declare class Emulator {
   processOutput(sandboxId: string, processId: string): ProcessOutput | null
   /** Pids still alive that this emulator started (any depth). */
   livePids(): Array<number>
+  /**
+   * Pids still alive of managed processes (`POST /processes`, any depth): `livePids` less
+   * the processes of `/exec` commands.
+   */
+  liveProcessPids(): Array<number>
   /** Stops serving, kills every tree it started, removes its files. */
   close(): Promise<void>
 }

@@ -229,6 +229,11 @@ export declare class Emulator {
   processOutput(sandboxId: string, processId: string): { stdout: Buffer; stderr: Buffer } | null
   /** Pids of every process the emulator started that is still alive. */
   livePids(): number[]
+  /**
+   * Pids of the managed processes (`POST /processes`, any depth) that are still alive:
+   * `livePids()` less the processes of `/exec` commands.
+   */
+  liveProcessPids(): number[]
   /** Ends every process it started and stops listening. */
   close(): Promise<void>
 }

@@ -183,6 +183,13 @@ impl Emulator {
         self.inner.live_pids()
     }
 
+    /// Pids still alive of managed processes (`POST /processes`, any depth): `livePids` less
+    /// the processes of `/exec` commands.
+    #[napi]
+    pub fn live_process_pids(&self) -> Vec<i32> {
+        self.inner.live_process_pids()
+    }
+
     /// Stops serving, kills every tree it started, removes its files.
     #[napi]
     pub async fn close(&self) -> Result<()> {

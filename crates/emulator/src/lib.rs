@@ -725,10 +725,24 @@ impl Emulator {
     /// Every still-alive (non-zombie) pid of this emulator's trees: in one of its cgroups,
     /// carrying its marker, or in a process group it started.
     pub fn live_pids(&self) -> Vec<i32> {
+        self.live(false)
+    }
+
+    /// [`Emulator::live_pids`] less the processes of `/exec` commands: the trees of managed
+    /// processes (`POST /processes`) only. An `/exec` process is told by its marker (its leaf
+    /// cgroup, or the marker variable), which it carries from the fork on where trees are
+    /// tracked by cgroup; a process found only by its process group counts as managed.
+    pub fn live_process_pids(&self) -> Vec<i32> {
+        self.live(true)
+    }
+
+    fn live(&self, managed_only: bool) -> Vec<i32> {
         let prefix = self.inner.mark_prefix();
+        let exec = format!("{prefix}exec_");
         let groups = self.inner.live_groups();
         procfs::scan(&move |e: &procfs::Entry| {
-            e.mark.as_deref().is_some_and(|m| m.starts_with(&prefix)) || groups.contains(&e.pgid)
+            let ours = e.mark.as_deref().is_some_and(|m| m.starts_with(&prefix)) || groups.contains(&e.pgid);
+            ours && !(managed_only && e.mark.as_deref().is_some_and(|m| m.starts_with(&exec)))
         })
         .into_iter()
         .map(|e| e.pid)

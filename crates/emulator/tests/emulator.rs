@@ -205,6 +205,8 @@ async fn exec_buffered_and_stream() {
         let first = r.chunk().await.unwrap().unwrap();
         assert!(String::from_utf8_lossy(&first).contains("started"));
         assert!(!c.emu.live_pids().is_empty());
+        // An `/exec` command is no managed process.
+        assert_eq!(c.emu.live_process_pids(), Vec::<i32>::new());
         drop(r);
         let emu = c.emu.clone();
         eventually("exec tree killed", move || emu.live_pids().is_empty()).await;
@@ -399,6 +401,8 @@ async fn delete_escalates_to_sigkill_and_finds_setsid_children() {
         assert_eq!(s, 408, "setsid child keeps the tree alive");
         let pids = c.emu.live_pids();
         assert_eq!(pids.len(), 1, "{pids:?}");
+        // The setsid child is of a managed process.
+        assert_eq!(c.emu.live_process_pids(), pids);
         let stat = std::fs::read_to_string(format!("/proc/{}/stat", pids[0])).unwrap();
         assert!(stat.contains("(sleep)"));
         let v: Value =
