@@ -1043,3 +1043,58 @@ async fn a_reservation_lost_in_an_unseen_restart_settles_and_writes_the_window_b
     settles_at(&server.url(), key, 3, "the window's starts written back").await;
     assert!(pacer::take_warnings().is_empty(), "no outage was seen");
 }
+
+/// `INFO commandstats`'s count of calls of `command` (the script's calls count too).
+async fn command_calls(url: &str, command: &str) -> u64 {
+    let client = redis::Client::open(url).unwrap();
+    let mut c = client.get_multiplexed_async_connection().await.unwrap();
+    let info: String = redis::cmd("INFO").arg("commandstats").query_async(&mut c).await.unwrap();
+    let prefix = format!("cmdstat_{command}:calls=");
+    info.lines()
+        .find_map(|l| l.strip_prefix(prefix.as_str()))
+        .and_then(|rest| rest.split(',').next())
+        .map_or(0, |n| n.parse().unwrap())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn at_a_huge_limit_the_share_is_measured_from_a_bounded_read_and_seldom() {
+    use createos_execute_core::pacer::redis_store::{new_member, Answer};
+    use createos_execute_core::pacer::Rule;
+    let _serial = SERIAL.lock().await;
+    let server = Server::start();
+    let key = "huge-limit-test";
+    let rule = Rule { limit: 1_000_000, window: Duration::from_secs(60) };
+    // 2,000 starts of four other clients in the last second: far below the limit, and more
+    // than a measure reads.
+    {
+        let client = redis::Client::open(server.url()).unwrap();
+        let mut c = client.get_multiplexed_async_connection().await.unwrap();
+        let (secs, micros): (u64, u64) = redis::cmd("TIME").query_async(&mut c).await.unwrap();
+        let now = secs * 1_000_000 + micros;
+        let mut zadd = redis::cmd("ZADD");
+        zadd.arg(format!("{KEY_PREFIX}{{{key}}}:starts"));
+        for i in 0..2000u64 {
+            zadd.arg(now - 1_000_000 + i * 400).arg(format!("n:other{}:{i}", i % 4));
+        }
+        let _: () = zadd.query_async(&mut c).await.unwrap();
+    }
+    let store = RedisStore::new(&server.url()).unwrap();
+    let reserve = |m: String| {
+        let store = &store;
+        async move { assert!(matches!(store.reserve(key, rule, &m).await, Answer::Wait(w) if w.is_zero())) }
+    };
+    // The first decision measures (nothing measured yet) and finds the read full.
+    reserve(new_member(Class::New)).await;
+    let before = command_calls(&server.url(), "zrevrangebyscore").await;
+    assert!(before >= 1, "the first decision measured the share");
+    let t0 = Instant::now();
+    let n = 64;
+    for _ in 0..n {
+        reserve(new_member(Class::New)).await;
+    }
+    let measures = command_calls(&server.url(), "zrevrangebyscore").await - before;
+    // Every eighth decision, and one per 250 ms: a read that reached the cap counts as full
+    // (with the limit alone as the mark, every decision measured, reading every member).
+    let timer = u64::try_from(t0.elapsed().as_millis() / 250).unwrap() + 1;
+    assert!(measures <= n / 8 + timer, "{measures} measures in {n} decisions ({:?})", t0.elapsed());
+}

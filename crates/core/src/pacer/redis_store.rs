@@ -93,13 +93,20 @@ const MAX_RECENT: usize = 4096;
 /// members: every [`SHARE_EVERY_N`]-th op, and the first op after [`SHARE_EVERY`] went by.
 const SHARE_EVERY: Duration = Duration::from_millis(250);
 const SHARE_EVERY_N: u32 = 8;
+
+/// The most members a measure of the share reads (the script gets it as the measure flag):
+/// a budget's last and next windows hold at most twice its limit, so below 512 a measure reads
+/// them all, and above it the share is that of the newest members. Bounded, a decision costs
+/// the same at a limit of a million as at 300 (the read was every member of two windows).
+const SHARE_READ_CAP: u128 = 1024;
 /// Most budget keys a store keeps owed releases and recent starts for.
 const MAX_KEYS: usize = 256;
 
 const SCRIPT: &str = r"
 -- KEYS[1] starts (sorted set, score = start in µs of server time), KEYS[2] pause (µs),
 -- KEYS[3] packed (µs: no new work fits anywhere between now and it)
--- ARGV: op, limit, window µs, member, pause µs (pause) or 1 = measure the share (reserve, confirm),
+-- ARGV: op, limit, window µs, member, pause µs (pause) or the most members a measure of the share
+-- reads, 0 = no measure (reserve, confirm, sync),
 -- n, n members owed a release, then pairs (member, age µs) of starts this client made that
 -- the store may not hold.
 -- A member's first byte is its class: 'c' (cleanup) or 'n' (new work).
@@ -151,6 +158,11 @@ local function earliest_from(get, t0)
     j = j + 1
   end
 end
+-- Fewer than `limit` members after x: no window from there on is full (one ZCOUNT, where
+-- reading them would cost a read of every one at a large limit).
+local function few_after(x)
+  return tonumber(redis.call('ZCOUNT', KEYS[1], '(' .. n2s(x), '+inf')) < limit
+end
 local function feasible(arr, t0)
   local base = above(arr, t0 - window) - 1
   return earliest_from(function(j) return arr[base + j] end, t0)
@@ -186,6 +198,7 @@ end
 -- Members after `changed` may now share a window with too many: each is placed again from its
 -- own slot (never earlier), in order; one a window past every change is as it was.
 local function reflow(changed)
+  if few_after(now - window) then return end
   local arr = {}
   local r = redis.call('ZRANGEBYSCORE', KEYS[1], '(' .. n2s(now - window), n2s(now), 'WITHSCORES')
   for i = 2, #r, 2 do arr[#arr + 1] = tonumber(r[i]) end
@@ -224,13 +237,14 @@ if changed then reflow(changed) end
 local own, total, clients = -1, -1, -1
 -- This client's share of the members of the last and the next window, this one included (the
 -- nonce follows the class byte), and how many clients hold members there.
-local function share(m)
+local function share(m, cap)
   local nonce = string.match(m, '^.:([^:]*):')
   own, total, clients = 1, 1, 1
   local seen = {}
   if nonce then seen[nonce] = true end
-  -- The last window's members and the next window's: enough to tell, and a bounded read.
-  local names = redis.call('ZRANGEBYSCORE', KEYS[1], '(' .. n2s(now - window), '(' .. n2s(now + window), 'LIMIT', 0, 4 * limit + 64)
+  -- The last window's members and the next window's, the newest first: enough to tell, and a
+  -- bounded read.
+  local names = redis.call('ZREVRANGEBYSCORE', KEYS[1], '(' .. n2s(now + window), '(' .. n2s(now - window), 'LIMIT', 0, math.min(4 * limit + 64, cap))
   for i = 1, #names do
     -- A confirm's member is already held: counted once, above.
     if names[i] ~= m then
@@ -255,7 +269,7 @@ local function place(m)
   if string.sub(m, 1, 1) ~= 'c' then
     -- Nothing fits before `packed`: the search starts there.
     local from = math.max(earliest, packed)
-    at = earliest_from(lazy(from - window), from)
+    if few_after(from - window) then at = from else at = earliest_from(lazy(from - window), from) end
     if earliest == now then packed = at end
   else
     -- A cleanup goes ahead of every waiting request of new work (of any process): those are
@@ -290,10 +304,11 @@ local function place(m)
   touch()
   return at - now
 end
+local measure = tonumber(ARGV[5]) or 0
 if op == 'reserve' or op == 'confirm' then
   local s = redis.call('ZSCORE', KEYS[1], member)
   if op == 'reserve' and not s then
-    if ARGV[5] == '1' then share(member) end
+    if measure > 0 then share(member, measure) end
     local w = place(member)
     return {0, w, own, total, clients}
   end
@@ -303,7 +318,7 @@ if op == 'reserve' or op == 'confirm' then
   if op == 'confirm' and not s then return {2, 0, -1, -1, -1} end
   -- A slot that comes measures the share too: a share measured before the other processes
   -- reserved (a process that took a whole window alone) must not outlive their arrival.
-  if op == 'confirm' and ARGV[5] == '1' then share(member) end
+  if op == 'confirm' and measure > 0 then share(member, measure) end
   -- Decided by the member's state, so a retry answers as the first run did.
   if s then
     s = tonumber(s)
@@ -335,8 +350,8 @@ elseif op == 'release' then
 elseif op == 'sync' then
   -- With a member of this client that the store does not hold: measure its share (counted
   -- as if reserved, then taken out again).
-  if ARGV[5] == '1' and member ~= '' and not redis.call('ZSCORE', KEYS[1], member) then
-    share(member)
+  if measure > 0 and member ~= '' and not redis.call('ZSCORE', KEYS[1], member) then
+    share(member, measure)
     own, total = own - 1, total - 1
   end
   touch()
@@ -908,7 +923,9 @@ impl RedisStore {
                     let share = (own as f64 / total as f64).min(1.0 / clients as f64);
                     if let Some(k) = lock(&self.keys).get_mut(key) {
                         k.share = Some(share);
-                        k.share_full = usize::try_from(total).unwrap_or(0) >= rule.limit;
+                        // Full: a limit's worth of members, or as many as a measure reads.
+                        let full = rule.limit.min(usize::try_from(SHARE_READ_CAP).unwrap_or(usize::MAX));
+                        k.share_full = usize::try_from(total).unwrap_or(0) >= full;
                     }
                 }
                 self.answered(probe);
@@ -964,7 +981,8 @@ impl RedisStore {
     }
 
     /// Whether the next reservation or confirmation on `key` measures this process's share
-    /// (1) or not (0): when the latest measure saw fewer members than the limit, every
+    /// (the script's measure flag: [`SHARE_READ_CAP`], the most members it reads) or not (0):
+    /// when the latest measure saw fewer members than the limit (or than the cap), every
     /// [`SHARE_EVERY_N`]-th op, and the first op after [`SHARE_EVERY`] went by.
     fn measure_due(&self, key: &str) -> u128 {
         let mut keys = lock(&self.keys);
@@ -981,7 +999,7 @@ impl RedisStore {
             {
                 k.share_asked = Some(now);
                 k.since_share = 0;
-                1
+                SHARE_READ_CAP
             }
             Some(k) => {
                 k.since_share += 1;
@@ -1027,7 +1045,7 @@ impl RedisStore {
             return;
         }
         let probe = self.member(Class::New);
-        let _ = self.call(key, "sync", rule, &probe, 1).await;
+        let _ = self.call(key, "sync", rule, &probe, SHARE_READ_CAP).await;
     }
 
     /// The store lost a reservation of this process on `key` (see [`Confirmed::Lost`]): as after
