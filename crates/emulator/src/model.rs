@@ -795,12 +795,17 @@ pub(crate) async fn reaper(inner: Arc<Inner>) {
 /// The membership check of a tree with a cgroup, made whenever its leaf looks empty: a live
 /// process that carries the tree's marker or is in its process group but is not in the leaf
 /// left it (by writing itself into another cgroup); it is moved back into the leaf, so it is
-/// seen alive and killed with the tree. True when one was found.
+/// seen alive and killed with the tree. True when one was found, or when the leaf has members
+/// again: the reaper and the leader's waiter check at once, and the one that finds a stray
+/// already moved back by the other sees it as a member, not as a stray (its caller's "the leaf
+/// looked empty" is from before the move).
 async fn recapture(inner: &Inner, p: &Arc<Proc>) -> bool {
     let Some(leaf) = p.leaf.clone() else { return false };
     let marker = p.marker.clone();
     let group = inner.groups.lock().unwrap().contains_key(&p.pid).then_some(p.pid);
-    tokio::task::spawn_blocking(move || !leaf.recapture(&marker, group).is_empty()).await.unwrap_or(true)
+    tokio::task::spawn_blocking(move || !leaf.recapture(&marker, group).is_empty() || !leaf.is_empty())
+        .await
+        .unwrap_or(true)
 }
 
 /// Whether anything of the tree is alive: its cgroup's members (and whatever left it), else a
