@@ -1057,7 +1057,7 @@ async fn command_calls(url: &str, command: &str) -> u64 {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn at_a_huge_limit_the_share_is_measured_from_a_bounded_read_and_seldom() {
+async fn at_a_huge_limit_a_decision_reads_no_window_and_seldom_measures_the_share() {
     use createos_execute_core::pacer::redis_store::{new_member, Answer};
     use createos_execute_core::pacer::Rule;
     let _serial = SERIAL.lock().await;
@@ -1087,6 +1087,7 @@ async fn at_a_huge_limit_the_share_is_measured_from_a_bounded_read_and_seldom() 
     reserve(new_member(Class::New)).await;
     let before = command_calls(&server.url(), "zrevrangebyscore").await;
     assert!(before >= 1, "the first decision measured the share");
+    let reads_before = command_calls(&server.url(), "zrangebyscore").await;
     let t0 = Instant::now();
     let n = 64;
     for _ in 0..n {
@@ -1097,4 +1098,7 @@ async fn at_a_huge_limit_the_share_is_measured_from_a_bounded_read_and_seldom() 
     // (with the limit alone as the mark, every decision measured, reading every member).
     let timer = u64::try_from(t0.elapsed().as_millis() / 250).unwrap() + 1;
     assert!(measures <= n / 8 + timer, "{measures} measures in {n} decisions ({:?})", t0.elapsed());
+    // Far below the limit, a placement is one ZCOUNT: no decision pages through the window.
+    let reads = command_calls(&server.url(), "zrangebyscore").await - reads_before;
+    assert_eq!(reads, 0, "window reads in {n} decisions");
 }

@@ -96,7 +96,7 @@ const SHARE_EVERY_N: u32 = 8;
 
 /// The most members a measure of the share reads (the script gets it as the measure flag):
 /// a budget's last and next windows hold at most twice its limit, so below 512 a measure reads
-/// them all, and above it the share is that of the newest members. Bounded, a decision costs
+/// them all, and above it the share is that of the newest members. Bounded, a measure costs
 /// the same at a limit of a million as at 300 (the read was every member of two windows).
 const SHARE_READ_CAP: u128 = 1024;
 /// Most budget keys a store keeps owed releases and recent starts for.
