@@ -152,12 +152,20 @@ function toError(e) {
   }
 }
 
-// Warnings the core queued (e.g. the shared pacing store went down or came back); each
-// arrives on exactly one outcome. Fixed text and a code, never a URL.
+// Warnings the core queued (e.g. the shared pacing store went down or came back, a session
+// supervisor whose end could not be proven); each arrives on exactly one outcome. Fixed text,
+// a code and, when it is about a sandbox, its id as `sandboxId` (a `Warning` whose `code` and
+// `sandboxId` a `process.on('warning')` listener can act on); never a URL.
 function emitWarnings(outcome) {
   const warnings = outcome && Array.isArray(outcome.warnings) ? outcome.warnings : []
   for (const w of warnings) {
-    if (w && typeof w.message === 'string') process.emitWarning(w.message, { code: w.code })
+    if (!w || typeof w.message !== 'string') continue
+    if (typeof w.sandboxId === 'string') {
+      const warning = Object.assign(new Error(w.message), { name: 'Warning', code: w.code, sandboxId: w.sandboxId })
+      process.emitWarning(warning)
+    } else {
+      process.emitWarning(w.message, { code: w.code })
+    }
   }
 }
 

@@ -243,6 +243,9 @@ pub struct NativeError {
 pub struct NativeWarning {
     pub code: String,
     pub message: String,
+    /// The sandbox it is about, when it is about one (a session supervisor whose end could
+    /// not be proven: destroy that sandbox).
+    pub sandbox_id: Option<String>,
 }
 
 /// `metadata` of an execute result.
@@ -340,9 +343,12 @@ fn native_error(e: &Error) -> NativeError {
 
 /// State changes the core saw since the last call settled; each is delivered once.
 fn take_warnings() -> Option<Vec<NativeWarning>> {
-    let warnings = createos_execute_core::pacer::take_warnings();
+    let warnings = createos_execute_core::warnings::take_warnings();
     (!warnings.is_empty()).then(|| {
-        warnings.iter().map(|w| NativeWarning { code: w.code.to_owned(), message: w.message.to_owned() }).collect()
+        warnings
+            .into_iter()
+            .map(|w| NativeWarning { code: w.code.to_owned(), message: w.message.into_owned(), sandbox_id: w.sandbox_id })
+            .collect()
     })
 }
 
@@ -355,7 +361,7 @@ type NotifyFn = ThreadsafeFunction<(), (), (), Status, false, true>;
 /// that settles).
 #[napi(ts_args_type = "notify: () => void")]
 pub fn set_warning_listener(notify: NotifyFn) {
-    createos_execute_core::pacer::set_warning_listener(Some(Box::new(move || {
+    createos_execute_core::warnings::set_warning_listener(Some(Box::new(move || {
         notify.call((), ThreadsafeFunctionCallMode::NonBlocking) == Status::Ok
     })));
 }

@@ -117,12 +117,17 @@ impl Steps {
     }
 
     pub fn report(self, reason: CleanupReason, sandbox_id: &str, process_id: Option<&str>) -> Error {
-        Error::Cleanup(Box::new(CleanupReport {
+        Error::Cleanup(Box::new(self.into_report(reason, sandbox_id, process_id)))
+    }
+
+    /// The steps as the report of an unproven cleanup.
+    pub fn into_report(self, reason: CleanupReason, sandbox_id: &str, process_id: Option<&str>) -> CleanupReport {
+        CleanupReport {
             reason,
             sandbox_id: sandbox_id.to_owned(),
             process_id: process_id.map(str::to_owned),
             attempts: self.attempts,
-        }))
+        }
     }
 }
 

@@ -55,6 +55,9 @@ pub enum Retry {
     Creation,
     /// Only 429 (streams: the caller owns reconnects).
     RateLimitOnly,
+    /// Only what proves the server never took the request (no connection was made): a
+    /// session's `input`, which a 429 or a 5xx answered after applying it would run twice.
+    Unsent,
 }
 
 pub enum Body {
@@ -704,9 +707,11 @@ pub(crate) fn method_label(method: &Method) -> &'static str {
 fn retryable(err: &Error, method: &Method, retry: Retry) -> bool {
     let idempotent = matches!(*method, Method::GET | Method::PUT | Method::DELETE | Method::HEAD);
     match (err, retry) {
+        // Provably never received (no connection was made): safe for a creation too.
+        (Error::Connection { maybe_sent: false, .. } | Error::ProxyUnreachable { .. }, Retry::Unsent) => true,
+        (_, Retry::Unsent) => false,
         (Error::Api { status: 429, .. }, _) => true,
         (_, Retry::RateLimitOnly) => false,
-        // Provably never received (no connection was made): safe for a creation too.
         (Error::Connection { maybe_sent: false, .. } | Error::ProxyUnreachable { .. }, Retry::Creation) => true,
         (Error::Api { status: 503, .. }, Retry::Safe) => true,
         (Error::Api { status: 502 | 504, .. }, Retry::Safe) => idempotent,

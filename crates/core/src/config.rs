@@ -40,6 +40,35 @@ pub const INVALID_PANIC_AT: &str = "__panicAt must be 'create', 'follow' or 'cle
 pub const INVALID_CONFIG: &str = "client.config must be an object.";
 pub const INVALID_PARAMS: &str = "params must be an object with lease and command.";
 
+pub const INVALID_SESSION: &str = "session must be true, false or an object { idleMs }.";
+pub const INVALID_SESSION_IDLE: &str = "session.idleMs must be an integer between 1000 and 3600000.";
+pub const INVALID_BYPASS_SESSION: &str = "bypassSession must be true or false.";
+
+/// The idle time of `session: true`.
+pub const DEFAULT_SESSION_IDLE: Duration = Duration::from_secs(30);
+
+/// `config.session`, parsed (see `session/mod.rs`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SessionOptions {
+    pub idle: Duration,
+}
+
+/// `session`: absent, null or false = off; true = on with [`DEFAULT_SESSION_IDLE`]; `{ idleMs }`.
+pub fn parse_session(v: Option<&Value>) -> Result<Option<SessionOptions>> {
+    match v {
+        None | Some(Value::Bool(false)) => Ok(None),
+        Some(Value::Bool(true)) => Ok(Some(SessionOptions { idle: DEFAULT_SESSION_IDLE })),
+        Some(Value::Object(m)) => {
+            let idle = match opt(m, "idleMs") {
+                None => DEFAULT_SESSION_IDLE,
+                Some(i) => Duration::from_millis(integer(i, 1000, 3_600_000).ok_or(Error::Input(INVALID_SESSION_IDLE))?),
+            };
+            Ok(Some(SessionOptions { idle }))
+        }
+        Some(_) => Err(Error::Input(INVALID_SESSION)),
+    }
+}
+
 /// What to do with processes a command leaves behind after it exits.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub enum Leftover {
@@ -66,8 +95,8 @@ pub struct Config {
     /// The host's `fetch`, when requests go through it (set by the caller, never parsed;
     /// see `transport.rs`). `None`: the native client.
     pub host_fetch: Option<std::sync::Arc<dyn crate::transport::HostFetch>>,
-    /// `session` (see `session.rs`): `None` = off, the default.
-    pub session: Option<crate::session::SessionOptions>,
+    /// `session` (see `session/mod.rs`): `None` = off, the default.
+    pub session: Option<SessionOptions>,
 }
 
 impl Config {
@@ -226,7 +255,7 @@ pub fn parse_config(v: &Value) -> Result<Config> {
         follow.idle_timeout = Duration::from_millis(integer(i, 1000, 3_600_000).ok_or(Error::Input(INVALID_IDLE))?);
     }
     let net = parse_net(m, api_url)?;
-    let session = crate::session::parse(opt(m, "session"))?;
+    let session = parse_session(opt(m, "session"))?;
     Ok(Config {
         session,
         net,
@@ -267,6 +296,9 @@ pub struct Params {
     pub cwd: Option<String>,
     pub env: Vec<(String, String)>,
     pub stdin: Option<String>,
+    /// `bypassSession` (the SDK's per-command opt-out): this command runs in the default
+    /// mode even when `config.session` is on.
+    pub bypass_session: bool,
 }
 
 impl Params {
@@ -324,7 +356,12 @@ pub fn parse_params(v: &Value) -> Result<Params> {
         Some(Value::String(s)) => Some(s.clone()),
         Some(_) => return Err(Error::Input(INVALID_STDIN)),
     };
-    let p = Params { sandbox_id, command, args, cwd, env, stdin };
+    let bypass_session = match opt(m, "bypassSession") {
+        None => false,
+        Some(Value::Bool(b)) => *b,
+        Some(_) => return Err(Error::Input(INVALID_BYPASS_SESSION)),
+    };
+    let p = Params { sandbox_id, command, args, cwd, env, stdin, bypass_session };
     script::validate(&p.command())?;
     if p.stdin.as_deref().is_some_and(|s| s.contains('\0')) {
         // Staged as a file, so NUL would be fine on the wire; the TypeScript module's rule

@@ -38,43 +38,16 @@ use crate::config::{Config, Leftover, Params};
 use crate::error::{CleanupReason, Error, Operation, Result, PANIC};
 use crate::follow::{self, Followed, Sink};
 use crate::hooks::{self, Phase};
-use crate::output::{self, Captured, LogLine, Output, Text};
+use crate::output::{self, LogLine, Output};
 use crate::pacer;
 use crate::script::{self, Gate};
 use crate::stream::{self, LineSplitter, StreamKind};
 
+pub use crate::result::ExecuteResult;
+use crate::result::aborted;
+
 pub const INVALID_RESOURCE_ID: &str = "CreateOS returned an invalid resource ID.";
 pub const EXEC_STREAM_ENDED: &str = "CreateOS command stream ended without an exit status.";
-
-/// What `execute` and `executeStream` resolve to.
-#[derive(Debug, Clone, PartialEq, Default)]
-pub struct ExecuteResult {
-    pub exit_code: Option<i32>,
-    pub signal: Option<String>,
-    pub timed_out: bool,
-    /// The output's tail, in the form it was decoded to (see [`Text`]).
-    pub stdout: Text,
-    pub stderr: Text,
-    pub process_id: Option<String>,
-    pub output_truncated: bool,
-    /// Whether the process tree had exited when the command finished (None = unknown).
-    pub tree_exited: Option<bool>,
-    /// Session mode only: whose word the result rests on, `supervisor` or `provider`.
-    pub containment: Option<&'static str>,
-}
-
-impl ExecuteResult {
-    fn timed_out(captured: Captured, process_id: Option<String>) -> Self {
-        ExecuteResult {
-            timed_out: true,
-            stdout: captured.stdout,
-            stderr: captured.stderr,
-            output_truncated: captured.truncated,
-            process_id,
-            ..Default::default()
-        }
-    }
-}
 
 /// Writes followed output into the capture and reports the first connect request and the
 /// first attach.
@@ -110,8 +83,12 @@ pub async fn execute(
     abort: Abort,
     log: Option<mpsc::Sender<LogLine>>,
 ) -> Result<ExecuteResult> {
-    if crate::session::applies(cfg, params) {
-        return Box::pin(crate::session::execute(cfg, params, abort, log)).await;
+    // A sandbox whose session supervisor could not be proven gone is refused, nothing sent.
+    if let Some(report) = crate::session::unproven(&cfg.api_url, &params.sandbox_id) {
+        return Err(Error::Cleanup(Box::new(report)));
+    }
+    if let Some(rec) = crate::session::applies(cfg, params) {
+        return Box::pin(crate::session::execute(cfg, params, rec, abort, log)).await;
     }
     let client = Arc::new(cfg.client()?);
     let ctx = Ctx::new(abort.clone());
@@ -250,20 +227,6 @@ fn spawn_remove(client: Arc<Client>, sandbox_id: String, paths: Vec<String>, dea
     });
 }
 
-/// The outcome of an abort: a timeout is a result, a cancellation an error. `tree_exited`:
-/// `Some(true)` when the cleanup proved the tree gone.
-fn aborted(
-    abort: &Abort,
-    captured: Captured,
-    process_id: Option<String>,
-    tree_exited: Option<bool>,
-) -> Result<ExecuteResult> {
-    match abort.error() {
-        Error::TimedOut => Ok(ExecuteResult { tree_exited, ..ExecuteResult::timed_out(captured, process_id) }),
-        e => Err(e),
-    }
-}
-
 #[allow(clippy::too_many_arguments)]
 async fn run_managed(
     client: &Client,
@@ -290,7 +253,8 @@ async fn run_managed(
     let attempt = AtomicU32::new(1);
     let create = async {
         let started = Instant::now();
-        let r = create_process(client, cfg, sb, scripts, &attempt, ctx).await;
+        let body_for = |n| scripts.attempt(n).map(|s| json!({ "cmd": "/bin/bash", "args": ["-lc", s] }));
+        let r = create_with_recovery(client, cfg, sb, scripts.gate_path, &body_for, &attempt, ctx).await;
         (r, started.elapsed())
     };
     // The gate's request goes out now, beside the creation, and holds its content until the
@@ -369,7 +333,7 @@ async fn run_managed(
 const LOST_CREATION_RETRIES: u32 = 2;
 
 /// What the creation step gave.
-enum Created {
+pub(crate) enum Created {
     /// The answer of the last creation sent (success, or an error with what it may mean).
     Answer(client::Creation),
     /// A lost answer was recovered here and could not be retried: this is the call's
@@ -377,18 +341,21 @@ enum Created {
     Settled(Error),
 }
 
-/// Creates the process. A creation lost on a connection that died before any answer (a
-/// pooled connection the server closed as it was reused, typically) is sent again, at most
-/// [`LOST_CREATION_RETRIES`] times and only while the caller's signal has not fired, once the
-/// process list proved that no process of this call runs (its own cleanup, as for any
-/// ambiguous creation: what it finds is ended) and the attempt was cancelled in the sandbox
-/// (`cleanup::cancel_attempts`), so that attempt exits at once if the server applies it late.
-/// Each attempt runs its own script (`Scripts::attempt`); `attempt` is the last one sent.
-async fn create_process(
+/// Creates a process whose script attempt `n` is `body_for(n)`'s, and whose every attempt
+/// carries `marker` (the call's start-gate path, or a session supervisor's marker) and obeys
+/// its cancel file (`script::cancel_path`). A creation lost on a connection that died before
+/// any answer (a pooled connection the server closed as it was reused, typically) is sent
+/// again, at most [`LOST_CREATION_RETRIES`] times and only while the caller's signal has not
+/// fired, once the process list proved that no process of this call runs (its own cleanup, as
+/// for any ambiguous creation: what it finds is ended) and the attempt was cancelled in the
+/// sandbox (`cleanup::cancel_attempts`), so that attempt exits at once if the server applies
+/// it late. `attempt` is the last one sent.
+pub(crate) async fn create_with_recovery(
     client: &Client,
     cfg: &Config,
     sb: &str,
-    scripts: &Scripts<'_>,
+    marker: &str,
+    body_for: &(dyn Fn(u32) -> Result<Value> + Send + Sync),
     attempt: &AtomicU32,
     ctx: &Ctx,
 ) -> Created {
@@ -398,13 +365,12 @@ async fn create_process(
     let mut lost = 0;
     loop {
         let n = attempt.load(Ordering::Relaxed);
-        let script = match scripts.attempt(n) {
-            Ok(s) => s,
+        let body = match body_for(n) {
+            Ok(b) => b,
             Err(e) => {
                 return Created::Answer(client::Creation { result: Err(e), maybe_created: false, unanswered: false })
             }
         };
-        let body = json!({ "cmd": "/bin/bash", "args": ["-lc", script] });
         let creation = client.create_process(sb, body, ctx, answer_after_abort).await;
         if !creation.unanswered || lost >= LOST_CREATION_RETRIES || cfg.cleanup.legacy || ctx.abort.is_aborted() {
             return Created::Answer(creation);
@@ -413,13 +379,12 @@ async fn create_process(
         let mut steps = Steps::new();
         let mut seen_alive = false;
         let cleanup_ctx = Ctx::cleanup(cfg.cleanup.deadline);
-        let gate = scripts.gate_path;
         // Cancelled first, so the lost attempt can never run later, and a process of it that
         // the list finds takes the DELETE's SIGTERM as cancelled: it leaves the staged stdin
         // (the next attempt's) in place. Unwritten, the attempt is not sent again.
-        let cancelled = cleanup::cancel_attempts(client, sb, gate, n, &cleanup_ctx, &mut steps).await;
+        let cancelled = cleanup::cancel_attempts(client, sb, marker, n, &cleanup_ctx, &mut steps).await;
         let recovered =
-            cleanup::recover_creation(client, sb, gate, n, &cfg.cleanup, &cleanup_ctx, &mut steps, &mut seen_alive)
+            cleanup::recover_creation(client, sb, marker, n, &cfg.cleanup, &cleanup_ctx, &mut steps, &mut seen_alive)
                 .await;
         if let Err(f) = recovered {
             return Created::Settled(steps.report(f.reason, sb, f.process_id.as_deref()));
@@ -708,13 +673,17 @@ pub async fn destroy_sandbox(cfg: &Config, sandbox_id: &str) -> Result<()> {
     // Session supervisors of the sandbox end first, with their proof, within the deadline.
     crate::session::end_sandbox(sandbox_id, &Ctx::cleanup(cfg.cleanup.deadline / 2)).await;
     let run = cleanup::destroy_sandbox(&client, sandbox_id, &ctx);
-    AssertUnwindSafe(run).catch_unwind().await.unwrap_or_else(|_| {
+    let destroyed = AssertUnwindSafe(run).catch_unwind().await.unwrap_or_else(|_| {
         Err(Error::DestroyUnconfirmed(Box::new(crate::error::DestroyReport {
             sandbox_id: sandbox_id.to_owned(),
             attempts: Vec::new(),
             status: None,
         })))
-    })
+    });
+    if destroyed.is_ok() {
+        crate::session::forget_unproven(&cfg.api_url, sandbox_id);
+    }
+    destroyed
 }
 
 /// Waits for a request slot of `api_url`'s origin (shared with every call in the process).

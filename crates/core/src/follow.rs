@@ -50,6 +50,8 @@ pub trait Sink: Send {
     fn connected(&mut self) -> impl Future<Output = ()> + Send;
     /// One chunk of output, in sequence order. Waiting here slows the reader.
     fn data(&mut self, stream: StreamKind, bytes: Vec<u8>) -> impl Future<Output = Result<()>> + Send;
+    /// Bytes arrived on the stream (a heartbeat counts): it is alive.
+    fn received(&mut self) {}
 }
 
 #[derive(Debug, Clone)]
@@ -276,9 +278,9 @@ async fn connect_once(
 }
 
 /// An exit frame, before its completeness is checked.
-struct ExitFrame {
-    exit: ProcessExit,
-    tree_exited: Option<bool>,
+pub(crate) struct ExitFrame {
+    pub(crate) exit: ProcessExit,
+    pub(crate) tree_exited: Option<bool>,
     newest_seq: Option<u64>,
 }
 
@@ -334,7 +336,7 @@ impl Drop for AbortOnDrop {
 ///
 /// A reader task receives the body while this task parses and captures (the two overlap,
 /// on two cores); the bounded channel between them keeps backpressure intact.
-async fn read_stream(
+pub(crate) async fn read_stream(
     resp: crate::transport::Response,
     cursor: &mut u64,
     ctx: &Ctx,
@@ -361,6 +363,7 @@ async fn read_stream(
             Ok(Some(Err(_))) => return Ok(None), // broke
             Ok(Some(Ok(c))) => c,
         };
+        sink.received();
         lines.push(&chunk);
         while let Some(line) = lines.next_line()? {
             if let Some(done) = handle_line(&line, cursor, sink).await? {

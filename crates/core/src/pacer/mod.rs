@@ -54,65 +54,17 @@ use crate::error::Result;
 pub use local::Local;
 use redis_store::{Answer, Confirmed, RedisStore};
 
-/// A warning for the host (`process.emitWarning(message, { code })`).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Warning {
-    pub code: &'static str,
-    pub message: &'static str,
-}
+pub use crate::warnings::{set_warning_listener, take_warnings, Warning, WarningListener};
+use crate::warnings::warn;
 
-pub const STORE_DOWN: Warning = Warning {
-    code: "CREATEOS_PACING_STORE_DOWN",
-    message: "createos-execute: the shared pacing store does not answer; requests are paced by this process's own budget until it answers again.",
-};
-pub const STORE_RESTORED: Warning = Warning {
-    code: "CREATEOS_PACING_STORE_RESTORED",
-    message: "createos-execute: the shared pacing store answers again; requests share its budget again.",
-};
-
-const MAX_PENDING_WARNINGS: usize = 32;
-
-fn pending() -> &'static Mutex<Vec<Warning>> {
-    static PENDING: OnceLock<Mutex<Vec<Warning>>> = OnceLock::new();
-    PENDING.get_or_init(Default::default)
-}
-
-/// Told that a warning was queued; returns false once it can no longer deliver (then it is
-/// dropped, and warnings wait for the next call that settles).
-pub type WarningListener = Box<dyn Fn() -> bool + Send + Sync>;
-
-fn listener() -> &'static Mutex<Option<WarningListener>> {
-    static LISTENER: OnceLock<Mutex<Option<WarningListener>>> = OnceLock::new();
-    LISTENER.get_or_init(Default::default)
-}
-
-/// Sets (or clears) the one listener told of every queued warning, so the host hears of a
-/// transition when it happens (a store that answers again is noticed by the probe's own timer,
-/// while no call may be in flight), not only when a call settles.
-pub fn set_warning_listener(l: Option<WarningListener>) {
-    *listener().lock().unwrap_or_else(std::sync::PoisonError::into_inner) = l;
-}
-
-/// Queues a warning for the listener, or else for the next native call that settles (bounded;
-/// one per transition).
-pub(crate) fn warn(w: Warning) {
-    {
-        let mut p = pending().lock().unwrap_or_else(std::sync::PoisonError::into_inner);
-        if p.len() >= MAX_PENDING_WARNINGS {
-            return;
-        }
-        p.push(w);
-    }
-    let mut l = listener().lock().unwrap_or_else(std::sync::PoisonError::into_inner);
-    if l.as_ref().is_some_and(|notify| !notify()) {
-        *l = None;
-    }
-}
-
-/// The warnings queued since the last call (each is delivered once, to one call).
-pub fn take_warnings() -> Vec<Warning> {
-    std::mem::take(&mut *pending().lock().unwrap_or_else(std::sync::PoisonError::into_inner))
-}
+pub const STORE_DOWN: Warning = Warning::fixed(
+    "CREATEOS_PACING_STORE_DOWN",
+    "createos-execute: the shared pacing store does not answer; requests are paced by this process's own budget until it answers again.",
+);
+pub const STORE_RESTORED: Warning = Warning::fixed(
+    "CREATEOS_PACING_STORE_RESTORED",
+    "createos-execute: the shared pacing store answers again; requests share its budget again.",
+);
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum PacingMode {
