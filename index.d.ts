@@ -104,7 +104,12 @@ export interface CreateosConfigLike {
    * stream. For trusted tooling: a normal exit rests on the supervisor's word
    * (`metadata.containment: 'supervisor'`); every other end is proven by the provider.
    * `true` = idle supervisors end after 30 s; `{ idleMs }` (1000–3600000) sets that time.
-   * Needs the native transport (with `fetch` the default mode runs).
+   * Needs the native transport (with `fetch` the default mode runs, and a warning with code
+   * `CREATEOS_SESSION_NOT_APPLIED` says so once; likewise `legacyCleanup` and a command whose
+   * script and stdin exceed 96 KiB). A supervisor end that nobody waits for (idle, retired,
+   * `destroySandbox`, the host's exit) and that cannot be proven emits a warning with code
+   * `CREATEOS_SESSION_UNPROVEN` and `sandboxId`, and every later call on that sandbox rejects
+   * with `CreateosCleanupError` (nothing sent) until `destroySandbox` proves it destroyed.
    */
   session?: boolean | { idleMs?: number | null } | null
 }
@@ -134,8 +139,12 @@ export interface ExecuteParams {
    * `AbortSignal.timeout(params.timeoutMs)` as the signal to get `timedOut: true`.
    */
   timeoutMs?: number
-  /** Ignored: session mode is the client's `config.session` (see docs/session.md). */
-  bypassSession?: boolean
+  /**
+   * The SDK's per-command opt-out of the persistent session: with `true` this command runs in
+   * the default mode (a managed process of its own) even when `config.session` is on; without
+   * `config.session` it changes nothing (see docs/session.md).
+   */
+  bypassSession?: boolean | null
   /** Ignored (the SDK's driver params: `driverKey`, `companyId`, `environmentId`, `config` likewise). */
   issueId?: string | null
 }

@@ -3,7 +3,8 @@
 //     everything the emulator saw from the first command to the supervisor's proven end;
 //   - a warm echo over TLS (h2) at 50 ms RTT: wall time and wall/RTT;
 //   - commands per minute on a 300-per-minute budget: the budget scaled down in time (limit L
-//     per W ms, L/W = 300 per 60 s), 4 callers issuing echos back to back for a few windows.
+//     per W ms, L/W = 300 per 60 s), 4 callers issuing echos back to back for a few windows;
+//   - 5 MiB of fast output with a 1 MiB journal: how many of 3 arrive complete (the tail).
 // Targets (printed, never asserted): ≤ 1.2 req/cmd, ≤ 1.5 RTT, ≥ 200 commands per minute.
 import { createRequire } from 'node:module'
 import { startEmu } from './lib/emu.mjs'
@@ -101,6 +102,25 @@ export async function sessionBench(opts, { emulator, row, note, log }) {
     out.budget[mode] = perMinute
     row('13', `commands per minute, budget 300/min (${limit} per ${windowMs} ms), 4 callers, ${mode}`, stats([perMinute]), 'cmd/min', mode === 'session' ? 'target ≥ 200' : 'about 75 expected', 0)
     await lib.destroySandbox(clientOf(e, undefined, { pacing: { limit, windowMs } }), s).catch((err) => note(`§13 destroy: ${err && err.message}`))
+  }
+  // 4. Fast output: 5 MiB from `head | tr` with the emulator's default 1 MiB journal, read
+  // while it is written (evicted when the reader falls behind by a journal), 3 runs a mode.
+  out.fast = {}
+  const big = (sb) => ({ lease: { providerLeaseId: sb }, command: 'bash', args: ['-c', "head -c 5242880 /dev/zero | tr '\\0' a"] })
+  for (const [mode, session] of MODES) {
+    const e = await emulator('child')
+    const s = await e.createSandbox()
+    const client = clientOf(e, session && { idleMs: 60_000 }, { pacing: 'off' })
+    log(`§13 5 MiB of fast output, ${mode}`)
+    const runs = 3
+    let complete = 0
+    for (let i = 0; i < runs; i++) {
+      const r = await lib.execute(client, big(s)).catch(() => null)
+      if (r && r.exitCode === 0 && r.metadata.outputTruncated && r.stdout.length === 4_194_304) complete++
+    }
+    out.fast[mode] = complete
+    row('13', `5 MiB of fast output, 1 MiB journal, ${mode}`, stats([complete]), `of ${runs}`, 'complete (the others evicted)', 0)
+    await lib.destroySandbox(clientOf(e, undefined), s).catch((err) => note(`§13 destroy: ${err && err.message}`))
   }
   return out
 }

@@ -184,6 +184,13 @@ function nativeParams(params, secrets = []) {
     if (stdin.includes('\0')) throw new CreateosInputError(`${NUL_IN_VALUE} (stdin)`)
     out.stdin = stdin
   }
+  // The SDK's per-command opt-out of a persistent session (config.session): this command
+  // runs in the default mode.
+  const bypass = param(params, 'bypassSession', 'bypassSession')
+  if (bypass !== undefined && bypass !== null) {
+    if (typeof bypass !== 'boolean') throw new CreateosInputError(`bypassSession must be true or false (got ${describe(bypass)}).`)
+    if (bypass) out.bypassSession = true
+  }
   return out
 }
 

@@ -546,6 +546,9 @@ pub async fn execute_stream(
     abort: Abort,
     log: Option<mpsc::Sender<LogLine>>,
 ) -> Result<ExecuteResult> {
+    if let Some(report) = crate::session::unproven(&cfg.api_url, &params.sandbox_id) {
+        return Err(Error::Cleanup(Box::new(report)));
+    }
     let client = cfg.client()?;
     let ctx = Ctx::new(abort.clone());
     let mut output = Output::new(log);

@@ -65,9 +65,7 @@ use serde_json::{json, Map, Value};
 use tokio::sync::mpsc;
 
 pub use protocol::{MARKER_INVALID, MAX_RECORD_BYTES, SESSION_ENV, SUPERVISOR_ENDED, SUPERVISOR_SCRIPT};
-pub use registry::{
-    end_all_blocking, end_sandbox, forget_unproven, unproven, MAX_PER_LEASE, MAX_RETIRED_PER_LEASE, UNPROVEN_CODE,
-};
+pub use registry::{end_all_blocking, end_sandbox, forget_unproven, unproven, MAX_PER_LEASE, UNPROVEN_CODE};
 
 use crate::abort::{Abort, Ctx};
 use crate::client::{Client, Retry};

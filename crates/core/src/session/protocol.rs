@@ -99,14 +99,16 @@ pub struct Lane {
 
 impl Lane {
     /// Takes one chunk; returns the command's bytes in it. Err = doubt (the marker framing
-    /// was broken: bytes before the begin marker, a malformed or foreign end marker).
+    /// was broken: bytes before the begin marker, a malformed or foreign end marker). Each
+    /// byte is looked at once (`memmem`), and copied once; only a possible start of the end
+    /// marker (at most its length) is held back between chunks.
     pub fn push(&mut self, bytes: &[u8], token: &str) -> std::result::Result<Vec<u8>, ()> {
         if self.end.is_some() {
             self.trailing |= !bytes.is_empty();
             return Ok(Vec::new());
         }
-        self.held.extend_from_slice(bytes);
         if !self.begun {
+            self.held.extend_from_slice(bytes);
             let begin: Vec<u8> = [BEGIN, token.as_bytes(), b"\n"].concat();
             let n = self.held.len().min(begin.len());
             if self.held[..n] != begin[..n] {
@@ -115,36 +117,40 @@ impl Lane {
             if self.held.len() < begin.len() {
                 return Ok(Vec::new());
             }
-            self.held.drain(..begin.len());
             self.begun = true;
+            let rest = self.held.split_off(begin.len());
+            self.held = Vec::new();
+            return self.scan(&rest, token);
         }
-        if let Some(i) = find(&self.held, END) {
-            let tail = &self.held[i + END.len()..];
-            let Some(nl) = tail.iter().position(|&b| b == b'\n') else {
+        if self.held.is_empty() {
+            return self.scan(bytes, token);
+        }
+        let mut data = std::mem::take(&mut self.held);
+        data.extend_from_slice(bytes);
+        self.scan(&data, token)
+    }
+
+    /// Looks for the end marker in `data` (nothing held before it).
+    fn scan(&mut self, data: &[u8], token: &str) -> std::result::Result<Vec<u8>, ()> {
+        if let Some(i) = memchr::memmem::find(data, END) {
+            let tail = &data[i + END.len()..];
+            let Some(nl) = memchr::memchr(b'\n', tail) else {
                 if tail.len() > END_TAIL_MAX {
                     return Err(());
                 }
-                let out = self.held[..i].to_vec();
-                self.held.drain(..i);
-                return Ok(out);
+                self.held = data[i..].to_vec();
+                return Ok(data[..i].to_vec());
             };
             self.end = Some(parse_end(&tail[..nl], token).ok_or(())?);
             self.trailing = nl + 1 != tail.len();
-            let out = self.held[..i].to_vec();
-            self.held = Vec::new();
-            return Ok(out);
+            return Ok(data[..i].to_vec());
         }
         // Hold back the longest suffix that may begin the end marker.
-        let keep = (1..END.len()).rev().find(|&k| self.held.len() >= k && self.held.ends_with(&END[..k])).unwrap_or(0);
-        let cut = self.held.len() - keep;
-        let out = self.held[..cut].to_vec();
-        self.held.drain(..cut);
-        Ok(out)
+        let keep = (1..END.len()).rev().find(|&k| data.ends_with(&END[..k])).unwrap_or(0);
+        let cut = data.len() - keep;
+        self.held = data[cut..].to_vec();
+        Ok(data[..cut].to_vec())
     }
-}
-
-fn find(hay: &[u8], needle: &[u8]) -> Option<usize> {
-    hay.windows(needle.len()).position(|w| w == needle)
 }
 
 /// `<token>:<status>:<0|1>` → (status, leftover), for our token only.

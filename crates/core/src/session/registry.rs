@@ -4,7 +4,7 @@
 //!
 //! A lease is (API origin, sandbox, key). Its slots ([`MAX_PER_LEASE`]) count the supervisors
 //! that run a command or are being created, and the idle ones; a retired supervisor holds no
-//! slot (it takes no command), and at most [`MAX_RETIRED_PER_LEASE`] wait for their end.
+//! slot: it is ended at once (`Supervisor::end_kept`), its command's leftovers kept.
 //!
 //! **Every end is proven or reported.** An end that no caller waits for and whose proof
 //! fails queues a warning (`CREATEOS_SESSION_UNPROVEN`, with the sandbox id) and marks the
@@ -29,9 +29,6 @@ use crate::warnings::{self, Warning};
 
 /// Supervisors per lease (API origin, key, sandbox) that run a command or wait idle.
 pub const MAX_PER_LEASE: usize = 4;
-/// Retired supervisors per lease waiting for their end; a further retirement ends the oldest
-/// at once (with the proof, its leftovers included).
-pub const MAX_RETIRED_PER_LEASE: usize = 8;
 /// Sandboxes remembered as unproven; past it the oldest is forgotten (its warning was given).
 const MAX_UNPROVEN: usize = 4096;
 
@@ -43,8 +40,6 @@ type Key = (String, String, u64);
 #[derive(Default)]
 struct LeaseState {
     idle: Vec<Supervisor>,
-    /// A command left processes (kept): no more commands; ended after the idle time.
-    retired: VecDeque<Supervisor>,
     /// Supervisors being created or running a command.
     busy: usize,
     /// `destroySandbox` or the host's exit is ending this lease: nothing goes back to idle.
@@ -132,7 +127,7 @@ impl Lease {
     fn leave_if_empty(self: &Arc<Self>) {
         let mut leases = registry().leases.lock().unwrap_or_else(PoisonError::into_inner);
         let st = self.lock();
-        let empty = st.busy == 0 && st.idle.is_empty() && st.retired.is_empty();
+        let empty = st.busy == 0 && st.idle.is_empty();
         drop(st);
         if empty && leases.get(&self.key).is_some_and(|l| Arc::ptr_eq(l, self)) {
             leases.remove(&self.key);
@@ -216,9 +211,13 @@ fn report_unproven(origin: &str, report: CleanupReport, why: Why) {
 /// for the verdict, so a failed proof is reported ([`report_unproven`]).
 pub(super) fn spawn_end(lease: Arc<Lease>, sup: Supervisor, why: Why) -> tokio::task::JoinHandle<()> {
     tokio::spawn(async move {
+        let mut sup = sup;
         let ctx = Ctx::cleanup(sup.settings.policy.deadline);
         let client = Arc::clone(&sup.client);
-        let proved = AssertUnwindSafe(Box::pin(sup.prove(&client, &ctx))).catch_unwind().await;
+        let proved = match why {
+            Why::Retired => AssertUnwindSafe(Box::pin(sup.end_kept(&ctx))).catch_unwind().await,
+            _ => AssertUnwindSafe(Box::pin(sup.prove(&client, &ctx))).catch_unwind().await,
+        };
         let failed = match proved {
             Ok(Ok(())) => None,
             Ok(Err(report)) => Some(report),
@@ -265,41 +264,16 @@ pub(super) fn release(lease: &Arc<Lease>, mut sup: Supervisor) {
     });
 }
 
-/// Retires a busy supervisor (a command left processes, kept): it holds no slot, takes no
-/// more commands and is ended with the proof after the idle time (or at once when the lease
-/// has [`MAX_RETIRED_PER_LEASE`] retired already: the oldest goes).
+/// Retires a busy supervisor (its command left processes, kept): it gives its slot back and
+/// is ended at once, its command's leftovers kept (`Supervisor::end_kept`).
 pub(super) fn retire(lease: &Arc<Lease>, sup: Supervisor) {
-    let (generation, idle) = (sup.generation, sup.settings.idle);
-    let oldest = {
-        let mut st = lease.lock();
-        st.busy -= 1;
-        if st.closed {
-            drop(st);
-            spawn_end(Arc::clone(lease), sup, Why::Destroy);
-            return;
-        }
-        st.retired.push_back(sup);
-        (st.retired.len() > MAX_RETIRED_PER_LEASE).then(|| st.retired.pop_front()).flatten()
-    };
+    lease.lock().busy -= 1;
     lease.freed.notify_waiters();
-    if let Some(old) = oldest {
-        spawn_end(Arc::clone(lease), old, Why::Retired);
-    }
-    let lease = Arc::clone(lease);
-    tokio::spawn(async move {
-        tokio::time::sleep(idle).await;
-        let taken = {
-            let mut st = lease.lock();
-            st.retired.iter().position(|s| s.generation == generation).and_then(|i| st.retired.remove(i))
-        };
-        if let Some(sup) = taken {
-            spawn_end(lease, sup, Why::Retired);
-        }
-    });
+    spawn_end(Arc::clone(lease), sup, Why::Retired);
 }
 
-/// Closes the leases `which` selects and takes their idle and retired supervisors (those
-/// running a command are ended as their command ends).
+/// Closes the leases `which` selects and takes their idle supervisors (those running a
+/// command are ended as their command ends).
 fn close(which: impl Fn(&Key) -> bool) -> Vec<(Arc<Lease>, Supervisor)> {
     let leases: Vec<Arc<Lease>> = {
         let mut all = registry().leases.lock().unwrap_or_else(PoisonError::into_inner);
@@ -308,17 +282,16 @@ fn close(which: impl Fn(&Key) -> bool) -> Vec<(Arc<Lease>, Supervisor)> {
     };
     let mut taken = Vec::new();
     for lease in leases {
-        let mut guard = lease.lock();
-        let st = &mut *guard;
+        let mut st = lease.lock();
         st.closed = true;
-        let sups: Vec<Supervisor> = st.idle.drain(..).chain(st.retired.drain(..)).collect();
-        drop(guard);
+        let sups = std::mem::take(&mut st.idle);
+        drop(st);
         taken.extend(sups.into_iter().map(|s| (Arc::clone(&lease), s)));
     }
     taken
 }
 
-/// Ends every idle and retired supervisor of `sandbox_id` (any origin and key) with the
+/// Ends every idle supervisor of `sandbox_id` (any origin and key) with the
 /// proof and closes its leases, so a supervisor still running a command is ended when it
 /// finishes; waits for them, within `ctx`. `destroySandbox` calls it first.
 pub async fn end_sandbox(sandbox_id: &str, ctx: &Ctx) {
@@ -326,7 +299,7 @@ pub async fn end_sandbox(sandbox_id: &str, ctx: &Ctx) {
     let _ = ctx.run(async { Ok(futures_util::future::join_all(ends).await) }).await;
 }
 
-/// Ends every idle and retired supervisor of the process with the proof, waiting at most
+/// Ends every idle supervisor of the process with the proof, waiting at most
 /// `wait` (from a thread outside the runtime: an environment's teardown). Leases are closed,
 /// so the supervisors of commands in flight are ended as those commands end.
 pub fn end_all_blocking(wait: Duration) {

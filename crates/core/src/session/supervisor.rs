@@ -6,6 +6,7 @@ use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
+use base64::Engine as _;
 use futures_util::FutureExt;
 use reqwest::Method;
 use serde_json::{json, Value};
@@ -14,7 +15,7 @@ use tokio::sync::mpsc;
 use super::protocol;
 use crate::abort::{Abort, Ctx};
 use crate::cleanup::{self, CleanupPolicy, Facts, Steps};
-use crate::client::{self, Body, Client};
+use crate::client::{self, Body, Client, Retry};
 use crate::config::Config;
 use crate::error::{CleanupReason, CleanupReport, Error, Operation, Result};
 use crate::execute::{create_with_recovery, Created, INVALID_RESOURCE_ID};
@@ -25,7 +26,7 @@ use crate::stream::{self, StreamKind};
 /// What the supervisor's reader task passes on.
 pub(super) enum Event {
     Data(StreamKind, Vec<u8>),
-    /// The supervisor's exit frame.
+    /// The supervisor's exit frame (the provider's word that it exited).
     Exit,
     /// The stream failed closed (a gap, an eviction, an error frame, no connection).
     Failed(&'static str),
@@ -104,6 +105,41 @@ impl Supervisor {
         r.map(drop).map_err(|()| {
             steps.into_report(CleanupReason::TerminationUnconfirmed, &self.sandbox_id, Some(&self.process_id))
         })
+    }
+}
+
+impl Supervisor {
+    /// Ends a retired supervisor (its last command left processes, and the caller keeps
+    /// them, as the default mode keeps a command's leftovers): one `end` record, and the
+    /// provider's exit frame of the supervisor within half the deadline. Without that exit,
+    /// its tree is ended through the provider ([`Supervisor::prove`]).
+    pub async fn end_kept(&mut self, ctx: &Ctx) -> std::result::Result<(), CleanupReport> {
+        let client = Arc::clone(&self.client);
+        let path = format!("/sandboxes/{}/processes/{}/input", self.sandbox_id, self.process_id);
+        let b64 = base64::engine::general_purpose::STANDARD;
+        let body = json!({ "data_base64": b64.encode(b"end\n") });
+        let half = self.settings.policy.deadline / 2;
+        let wait = Ctx::with_deadline(ctx.abort.clone(), tokio::time::Instant::now() + half);
+        let sent = client
+            .json_with(Operation::ProcessInput, Method::POST, &path, Some(body), &wait, Retry::Unsent, half)
+            .await;
+        if sent.is_ok() {
+            let exited = wait
+                .run(async {
+                    loop {
+                        match self.rx.recv().await {
+                            Some(Event::Data(..)) => {}
+                            Some(Event::Exit) => return Ok(true),
+                            Some(Event::Failed(_)) | None => return Ok(false),
+                        }
+                    }
+                })
+                .await;
+            if matches!(exited, Ok(true)) {
+                return Ok(());
+            }
+        }
+        self.prove(&client, ctx).await
     }
 }
 

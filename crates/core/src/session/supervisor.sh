@@ -2,7 +2,8 @@
 # __cos_attempt (the creation attempt), __cos_marker (this supervisor's unique path prefix),
 # __cos_sid (its id, which every command carries as CREATEOS_SESSION_ID) and __cos_idle
 # (seconds without a record before it exits on its own).
-# A record is one line on stdin: "<token> <script, \xHH-escaped> <base64 stdin | ->".
+# A record is one line on stdin: "<token> <script, \xHH-escaped> <base64 stdin | ->", or
+# "end".
 if [ -s "$__cos_marker.cancelled" ]; then
   __cos_c=
   read -r __cos_c < "$__cos_marker.cancelled"
@@ -41,6 +42,8 @@ fi
 # input the server took twice) is not run again.
 __cos_seen=
 while IFS= read -r -t "$__cos_idle" __cos_rec; do
+  # "end": the client retires this supervisor (its last command left processes, kept).
+  [ "$__cos_rec" = end ] && exit 0
   __cos_tok=${__cos_rec%% *}
   __cos_rest=${__cos_rec#* }
   __cos_cmd=${__cos_rest%% *}
