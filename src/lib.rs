@@ -347,7 +347,11 @@ fn take_warnings() -> Option<Vec<NativeWarning>> {
     (!warnings.is_empty()).then(|| {
         warnings
             .into_iter()
-            .map(|w| NativeWarning { code: w.code.to_owned(), message: w.message.into_owned(), sandbox_id: w.sandbox_id })
+            .map(|w| NativeWarning {
+                code: w.code.to_owned(),
+                message: w.message.into_owned(),
+                sandbox_id: w.sandbox_id,
+            })
             .collect()
     })
 }

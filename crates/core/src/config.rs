@@ -61,7 +61,9 @@ pub fn parse_session(v: Option<&Value>) -> Result<Option<SessionOptions>> {
         Some(Value::Object(m)) => {
             let idle = match opt(m, "idleMs") {
                 None => DEFAULT_SESSION_IDLE,
-                Some(i) => Duration::from_millis(integer(i, 1000, 3_600_000).ok_or(Error::Input(INVALID_SESSION_IDLE))?),
+                Some(i) => {
+                    Duration::from_millis(integer(i, 1000, 3_600_000).ok_or(Error::Input(INVALID_SESSION_IDLE))?)
+                }
             };
             Ok(Some(SessionOptions { idle }))
         }

@@ -10,6 +10,7 @@ pub mod abort;
 pub mod cleanup;
 pub mod client;
 pub mod config;
+pub mod create;
 pub mod error;
 pub mod events;
 pub mod execute;

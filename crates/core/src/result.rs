@@ -34,7 +34,6 @@ impl ExecuteResult {
     }
 }
 
-
 /// The outcome of an abort: a timeout is a result, a cancellation an error. `tree_exited`:
 /// `Some(true)` when the cleanup proved the tree gone.
 pub(crate) fn aborted(

@@ -54,8 +54,8 @@ use crate::error::Result;
 pub use local::Local;
 use redis_store::{Answer, Confirmed, RedisStore};
 
-pub use crate::warnings::{set_warning_listener, take_warnings, Warning, WarningListener};
 use crate::warnings::warn;
+pub use crate::warnings::{set_warning_listener, take_warnings, Warning, WarningListener};
 
 pub const STORE_DOWN: Warning = Warning::fixed(
     "CREATEOS_PACING_STORE_DOWN",

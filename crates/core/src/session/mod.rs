@@ -282,7 +282,9 @@ pub async fn execute(
     let settings = Settings::of(cfg, idle);
     let (lease, mut sup) = match Box::pin(checkout(cfg, &call, sb, &ctx, &settings)).await {
         Ok(s) => s,
-        Err(e) if e.is_abort() && abort.is_aborted() => return result::aborted(&abort, output.finish().await, None, None),
+        Err(e) if e.is_abort() && abort.is_aborted() => {
+            return result::aborted(&abort, output.finish().await, None, None)
+        }
         Err(e) => return Err(e),
     };
     sup.stdin_used |= params.stdin.is_some();

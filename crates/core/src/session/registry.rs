@@ -182,7 +182,11 @@ pub fn unproven(api_url: &str, sandbox_id: &str) -> Option<CleanupReport> {
 /// `destroySandbox` proved the sandbox destroyed: it is no longer unproven.
 pub fn forget_unproven(api_url: &str, sandbox_id: &str) {
     let Ok(origin) = client::api_origin(api_url) else { return };
-    registry().unproven.lock().unwrap_or_else(PoisonError::into_inner).retain(|((o, s), _)| *o != origin || s != sandbox_id);
+    registry()
+        .unproven
+        .lock()
+        .unwrap_or_else(PoisonError::into_inner)
+        .retain(|((o, s), _)| *o != origin || s != sandbox_id);
 }
 
 /// Records an end that could not be proven, and tells the host.

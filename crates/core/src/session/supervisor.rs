@@ -17,8 +17,8 @@ use crate::abort::{Abort, Ctx};
 use crate::cleanup::{self, CleanupPolicy, Facts, Steps};
 use crate::client::{self, Body, Client, Retry};
 use crate::config::Config;
+use crate::create::{create_with_recovery, Created, INVALID_RESOURCE_ID};
 use crate::error::{CleanupReason, CleanupReport, Error, Operation, Result};
-use crate::execute::{create_with_recovery, Created, INVALID_RESOURCE_ID};
 use crate::follow::{self, FollowOptions, Sink};
 use crate::script;
 use crate::stream::{self, StreamKind};
@@ -90,14 +90,19 @@ impl Supervisor {
         let mut steps = Steps::new();
         let mut seen = self.seen_alive.load(Ordering::Relaxed);
         let policy = &self.settings.policy;
-        let r = cleanup::terminate(client, &self.sandbox_id, &self.process_id, policy, ctx, &mut steps, &mut seen).await;
+        let r =
+            cleanup::terminate(client, &self.sandbox_id, &self.process_id, policy, ctx, &mut steps, &mut seen).await;
         // The supervisor's traps remove the staged stdin when it ends by an exit status (its
         // own, or the SIGTERM a DELETE starts with); a death by a signal or an unknown end may
         // have left it.
         let left = matches!(&r, Ok(script::End::Unknown | script::End::Signal(_)));
         if left && self.stdin_used {
-            let (c, sb, paths, d) =
-                (Arc::clone(&self.client), self.sandbox_id.clone(), vec![format!("{}.in", self.marker)], policy.deadline);
+            let (c, sb, paths, d) = (
+                Arc::clone(&self.client),
+                self.sandbox_id.clone(),
+                vec![format!("{}.in", self.marker)],
+                policy.deadline,
+            );
             tokio::spawn(async move {
                 let _ = AssertUnwindSafe(cleanup::remove_staged(&c, &sb, &paths, d)).catch_unwind().await;
             });
