@@ -23,7 +23,10 @@
 // violation); exits 1 on any violation.
 //
 // Options: --quick | --calls N | --minutes M | --workers W | --seed S | --verbose | --session
-// (--session: every call in session mode, checked by scripts/soak-session.mjs)
+// | --profile full|documented
+// (--session: every call in session mode, checked by scripts/soak-session.mjs; --profile: the
+// emulators' profile, default CREATEOS_EMULATOR_PROFILE or full: `documented` terminates by
+// process group only, the least the API promises)
 import { createRequire } from 'node:module'
 import { spawnSync } from 'node:child_process'
 import { readdirSync, readlinkSync } from 'node:fs'
@@ -53,6 +56,12 @@ const opt = (name, dflt) => {
 const QUICK = flag('--quick')
 const VERBOSE = flag('--verbose')
 const SESSION = flag('--session')
+const PROFILE = (() => {
+  const i = argv.indexOf('--profile')
+  const p = i >= 0 ? argv[i + 1] : (process.env.CREATEOS_EMULATOR_PROFILE || 'full')
+  if (p !== 'full' && p !== 'documented') throw new Error(`--profile ${p}: full or documented`)
+  return p
+})()
 const TARGET_CALLS = opt('--calls', QUICK ? 400 : 3000)
 const MAX_MS = opt('--minutes', QUICK ? 1.5 : 9) * 60_000
 const WORKERS = opt('--workers', 3)
@@ -481,7 +490,7 @@ async function heapUsed() {
 // Main
 
 async function worker(id, deadline, startedAt, emus) {
-  const emu = await startEmulator({ rateLimitPerMinute: null })
+  const emu = await startEmulator({ rateLimitPerMinute: null, profile: PROFILE })
   emus.push(emu)
   const sandboxes = [emu.createSandbox(), emu.createSandbox()]
   // Session mode: supervisors the harness killed are replaced with fresh sandboxes (the
@@ -509,12 +518,12 @@ async function worker(id, deadline, startedAt, emus) {
 }
 
 async function main() {
-  console.log(`soak${SESSION ? ' (session mode)' : ''}: seed ${SEED}, ${WORKERS} workers, target ${TARGET_CALLS} calls, at most ${Math.round(MAX_MS / 1000)} s${QUICK ? ' (quick)' : ''}`)
+  console.log(`soak${SESSION ? ' (session mode)' : ''}, ${PROFILE} profile: seed ${SEED}, ${WORKERS} workers, target ${TARGET_CALLS} calls, at most ${Math.round(MAX_MS / 1000)} s${QUICK ? ' (quick)' : ''}`)
   const baseSockets = socketFds()
   const baseResources = resources()
   // Warm-up (loads the addon, builds the HTTP client) before the heap baseline.
   {
-    const emu = await startEmulator({ rateLimitPerMinute: null })
+    const emu = await startEmulator({ rateLimitPerMinute: null, profile: PROFILE })
     const sb = emu.createSandbox()
     for (let i = 0; i < 5; i++) await execute(makeClient(emu), { lease: { providerLeaseId: sb }, command: 'true' })
     await emu.close()
