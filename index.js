@@ -20,13 +20,15 @@ const {
 const { nativeClient, urlClient, clientSecrets } = require('./lib/config.js')
 const { nativeParams, guardLog, requireString, requireId, requireFunction, NUL_IN_VALUE } = require('./lib/input.js')
 const { withCancel } = require('./lib/cancel.js')
-const { diagnosticsCallback } = require('./lib/diagnostics.js')
+const { diagnosticsCallback, publishBackground } = require('./lib/diagnostics.js')
 const { processEvents } = require('./lib/frames.js')
 const { transportFor } = require('./lib/fetch-transport.js')
 
 // Warnings the core queues between calls (a shared pacing store that answers again, noticed by
 // its probe) reach the host when they happen, not only with the next call that settles.
 native.setWarningListener(() => emitWarnings({ warnings: native.takeWarningsNow() }))
+// Requests no call owns (a session supervisor's stream and its end) on diagnostics_channel too.
+native.setDiagnosticsListener(publishBackground)
 
 async function execute(client, params, signal, log) {
   const c = nativeClient(client)

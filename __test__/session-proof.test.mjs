@@ -38,8 +38,12 @@ function supervisors() {
   return ctx.emu.livePids().filter((pid) => cmdline(pid).includes('__cos_marker='))
 }
 
+/** Ends what a test's command left: by process group where it leads one (a setsid daemon and
+ * its children), else by pid. */
 function kill(pids) {
   for (const pid of pids) {
+    if (!Number.isInteger(pid) || pid <= 1) continue
+    try { process.kill(-pid, 'SIGKILL') } catch {}
     try { process.kill(pid, 'SIGKILL') } catch {}
   }
 }
@@ -319,4 +323,49 @@ test('session: a session that cannot apply (legacyCleanup) says so once, with a 
   await sleep(50)
   assert.equal(warnings.length, 1)
   assert.match(warnings[0].message, /legacyCleanup/)
+})
+
+test('session: every request of a session is published on diagnostics_channel, the stream and the idle end included', async (t) => {
+  const diagnostics = await import('node:diagnostics_channel')
+  const messages = []
+  const onMessage = (m) => messages.push(m)
+  diagnostics.subscribe('createos-execute:request', onMessage)
+  t.after(() => diagnostics.unsubscribe('createos-execute:request', onMessage))
+  const sandbox = fresh(t)
+  const client = clientOf('session', { session: { idleMs: 1000 } })
+  for (let i = 0; i < 5; i++) {
+    assert.equal((await execute(client, bashParams(sandbox, `echo ${i}`), AbortSignal.timeout(20_000))).stdout, `${i}\n`)
+  }
+  await until(() => supervisors().length === 0, 'the idle end')
+  await until(() => messages.length >= ctx.requests().length, 'the idle end\'s messages', 2000).catch(() => {})
+  const ops = (xs) => xs.reduce((m, x) => m.set(x, (m.get(x) || 0) + 1), new Map())
+  assert.equal(messages.length, ctx.requests().length, `published ${JSON.stringify([...ops(messages.map((m) => m.operation))])} of ${JSON.stringify([...ops(kinds(ctx.requests()))])}`)
+  assert.ok(messages.some((m) => m.operation === 'output connection'), 'the supervisor\'s stream')
+})
+
+test('session: a host that exits with an idle supervisor whose server is already gone exits at once', async () => {
+  const { spawn } = await import('node:child_process')
+  const child = `
+    const lib = require(${JSON.stringify(new URL('../index.js', import.meta.url).pathname)})
+    const { startEmulator } = require('createos-execute-emulator')
+    ;(async () => {
+      const emu = await startEmulator({ rateLimitPerMinute: null })
+      const sb = emu.createSandbox()
+      const r = await lib.execute({ config: { apiUrl: emu.url, timeoutMs: 5000, session: true }, apiKey: emu.apiKey },
+        { lease: { providerLeaseId: sb }, command: 'echo', args: ['child'] })
+      await emu.close()
+      process.stdout.write(r.stdout + ' ' + Date.now())
+    })()`
+  const proc = spawn(process.execPath, ['-e', child], { stdio: ['ignore', 'pipe', 'pipe'] })
+  let out = ''
+  proc.stdout.on('data', (d) => { out += d })
+  proc.stderr.resume()
+  const code = await new Promise((resolve) => proc.on('exit', resolve))
+  const exited = Date.now()
+  assert.equal(code, 0)
+  const [text, closedAt] = out.split(' ')
+  assert.equal(text, 'child\n')
+  // The teardown waits up to 3 s for the ends it can still prove; a refused connection ends
+  // that wait at once.
+  assert.ok(exited - Number(closedAt) < 2500, `exited ${exited - Number(closedAt)} ms after the server closed`)
 })

@@ -24,4 +24,16 @@ function diagnosticsCallback() {
   }
 }
 
-module.exports = { channels, diagnosticsCallback }
+// The events of work no call owns (a session supervisor's stream and its end): published as a
+// call's are, when somebody subscribes at that moment.
+function publishBackground(name, event) {
+  const channel = channels[name]
+  if (channel === undefined || !channel.hasSubscribers) return
+  try {
+    channel.publish(event)
+  } catch {
+    // As above.
+  }
+}
+
+module.exports = { channels, diagnosticsCallback, publishBackground }

@@ -370,6 +370,18 @@ pub fn set_warning_listener(notify: NotifyFn) {
     })));
 }
 
+/// Registers the function that publishes the events of work no call owns (a session
+/// supervisor's stream and its end) on `diagnostics_channel`, as `onDiag` does for a call's
+/// (the last registration wins). Weak, and called without waiting: it never keeps Node alive
+/// or slows the work.
+#[napi(ts_args_type = "onDiag: (channel: string, event: object) => void")]
+pub fn set_diagnostics_listener(on_diag: DiagFn) {
+    let sink: EventSink = std::sync::Arc::new(move |ev| {
+        let _ = on_diag.call(FnArgs::from(event_json(ev)), ThreadsafeFunctionCallMode::NonBlocking);
+    });
+    createos_execute_core::events::set_background_sink(Some(sink));
+}
+
 /// The warnings queued since they were last taken (each is delivered once).
 #[napi]
 pub fn take_warnings_now() -> Option<Vec<NativeWarning>> {

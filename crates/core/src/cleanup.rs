@@ -66,6 +66,10 @@ pub struct CleanupPolicy {
     pub legacy: bool,
     /// Test hook (`test-hooks` feature only): panic at this phase.
     pub panic_at: Option<Phase>,
+    /// A DELETE whose connection is refused (nothing listens at the API's address) ends the
+    /// cleanup at once, unproven, instead of being sent again until the deadline. Only for the
+    /// ends the host's exit waits for: a host whose server is already gone exits at once.
+    pub refused_is_final: bool,
 }
 
 impl Default for CleanupPolicy {
@@ -76,6 +80,7 @@ impl Default for CleanupPolicy {
             confirm_ms: 1000,
             legacy: false,
             panic_at: None,
+            refused_is_final: false,
         }
     }
 }
@@ -247,6 +252,10 @@ async fn terminate_unguarded(
                 return Err(());
             }
             Err(e @ Error::TimedOut) => {
+                steps.push("delete", Some(grace), outcome_of(&e));
+                return Err(());
+            }
+            Err(e @ Error::Connection { maybe_sent: false, .. }) if policy.refused_is_final => {
                 steps.push("delete", Some(grace), outcome_of(&e));
                 return Err(());
             }

@@ -3,7 +3,7 @@
 //! output. With no sink (the default) nothing is measured beyond what the code already
 //! does, and nothing is allocated.
 
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock, PoisonError, RwLock};
 
 use crate::error::Attempt;
 
@@ -41,4 +41,25 @@ pub type EventSink = Arc<dyn Fn(Event<'_>) + Send + Sync>;
 /// Milliseconds with 0.1 ms resolution.
 pub fn millis(d: std::time::Duration) -> f64 {
     (d.as_secs_f64() * 10_000.0).round() / 10.0
+}
+
+fn background_slot() -> &'static RwLock<Option<EventSink>> {
+    static SLOT: OnceLock<RwLock<Option<EventSink>>> = OnceLock::new();
+    SLOT.get_or_init(Default::default)
+}
+
+/// Sets (or clears) the sink of work no call owns: a session supervisor's stream and its end
+/// (an idle end, a retirement, the host's exit). The last registration wins.
+pub fn set_background_sink(sink: Option<EventSink>) {
+    *background_slot().write().unwrap_or_else(PoisonError::into_inner) = sink;
+}
+
+/// A sink that passes each event on to the background sink registered at that moment (none:
+/// the event is dropped).
+pub fn background() -> EventSink {
+    Arc::new(|ev| {
+        if let Some(sink) = background_slot().read().unwrap_or_else(PoisonError::into_inner).as_ref() {
+            sink(ev);
+        }
+    })
 }

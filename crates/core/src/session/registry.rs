@@ -216,6 +216,8 @@ fn report_unproven(origin: &str, report: CleanupReport, why: Why) {
 pub(super) fn spawn_end(lease: Arc<Lease>, sup: Supervisor, why: Why) -> tokio::task::JoinHandle<()> {
     tokio::spawn(async move {
         let mut sup = sup;
+        // The host is exiting: a server that refuses connections is gone, no use waiting.
+        sup.settings.policy.refused_is_final |= matches!(why, Why::Exit);
         let ctx = Ctx::cleanup(sup.settings.policy.deadline);
         let client = Arc::clone(&sup.client);
         let proved = match why {

@@ -66,7 +66,8 @@ pub(super) struct Supervisor {
     pub process_id: String,
     /// The unique path prefix its script carries (list recovery, cancel file, staged stdin).
     pub marker: String,
-    /// Its own client (no per-call events): the reader and the idle end use it.
+    /// Its own client (events to the background sink): the reader and the ends nobody waits
+    /// for use it.
     pub client: Arc<Client>,
     pub settings: Settings,
     pub rx: mpsc::Receiver<Event>,
@@ -194,7 +195,12 @@ pub(super) async fn create(cfg: &Config, call: &Client, sb: &str, ctx: &Ctx, set
             return Err(Error::Protocol(INVALID_RESOURCE_ID));
         }
     };
-    let own = Arc::new(Client::new(&cfg.api_url, &cfg.api_key, cfg.timeout, &cfg.pacing, &cfg.net)?.with_events(None));
+    // Its own client outlives the call: its requests (the stream, its end) are published on
+    // the background sink, as no call's.
+    let own = Arc::new(
+        Client::new(&cfg.api_url, &cfg.api_key, cfg.timeout, &cfg.pacing, &cfg.net)?
+            .with_events(Some(crate::events::background())),
+    );
     let seen_alive = Arc::new(AtomicBool::new(false));
     let (tx, rx) = mpsc::channel(32);
     let base = format!("/sandboxes/{sb}/processes/{pid}");
