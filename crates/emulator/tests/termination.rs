@@ -65,7 +65,7 @@ impl Ctx {
         let r = self.get(&format!("/sandboxes/{sb}/processes/{id}/connect")).send().await.unwrap();
         assert_eq!(r.status(), 200);
         let b = r.bytes().await.unwrap();
-        let last = b.split(|c| *c == b'\n').filter(|l| !l.is_empty()).last().expect("a frame");
+        let last = b.split(|c| *c == b'\n').rfind(|l| !l.is_empty()).expect("a frame");
         let v: Value = serde_json::from_slice(last).unwrap();
         assert_eq!(v["type"], "exit", "{v}");
         v
