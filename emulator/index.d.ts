@@ -64,7 +64,8 @@ export interface EmulatorOptions {
    * the other extras listed in docs/emulator.md ("Profiles"). `documented`: only what the API
    * notes document: the process list is `data.processes[]`, whole and unpaged whatever
    * `limit`/`offset` say, without `pagination`; exit frames carry `exit_code` (and `signal`
-   * when signalled), nothing else. The test helpers default it from
+   * when signalled), nothing else; a process DELETE signals the leader's process group only
+   * (`terminationScope: 'group'`, unless asked otherwise). The test helpers default it from
    * `CREATEOS_EMULATOR_PROFILE`.
    */
   profile?: 'full' | 'documented' | null

@@ -234,14 +234,17 @@ impl TrackingMode {
 pub enum Profile {
     /// Everything the emulator has: a paged process list with `pagination { total, … }`, exit
     /// frames with `tree_exited` and `newest_seq`, exec answers with the result fields also at
-    /// the top of `data`, file uploads answered `{path, bytes}`.
+    /// the top of `data`, file uploads answered `{path, bytes}`, a process DELETE that signals
+    /// every process of the tree (unless [`EmulatorOptions::termination_scope`] says otherwise).
     #[default]
     #[serde(rename = "full")]
     Full,
     /// Only what the API notes document (see docs/emulator.md, "Profiles"): the process list is
     /// `data.processes[]`, whole and unpaged whatever `limit`/`offset` say, with no
     /// `pagination`; exit frames carry `exit_code` and, when signalled, `signal`, nothing else;
-    /// a buffered exec answers `data.result` and `data.exec_ms` only; an upload answers `{}`.
+    /// a buffered exec answers `data.result` and `data.exec_ms` only; an upload answers `{}`;
+    /// a process DELETE signals the leader's process group only (unless
+    /// [`EmulatorOptions::termination_scope`] says otherwise).
     #[serde(rename = "documented")]
     Documented,
 }
