@@ -6,7 +6,7 @@ import { existsSync } from 'node:fs'
 import {
   lib, kinds, kindOf, queryOf, bashParams, rejection, putPaths, sleep,
   TERMINATION_UNCONFIRMED, CREATION_UNCONFIRMED, assertNoSecrets,
-  useEmulator, endLeftovers, liveOfCalls } from './helpers.mjs'
+  useEmulator, endLeftovers, liveOfCalls, sleepers, uniqueSleep } from './helpers.mjs'
 
 const { execute, CreateosCleanupError, CreateosApiError, isCreateosCleanupError, destroySandbox } = lib
 let ctx
@@ -28,11 +28,26 @@ test('a child that ignores SIGTERM is killed after the grace period, with no err
   assert.deepEqual(liveOfCalls(ctx.emu), [])
 })
 
-test('a child that calls setsid is still part of the tree and is ended', async () => {
-  const r = await execute(ctx.client(),
-    bashParams(sandbox, 'setsid sleep 60 & echo ready; sleep 60'), AbortSignal.timeout(1000))
-  assert.equal(r.timedOut, true)
-  assert.deepEqual(liveOfCalls(ctx.emu), [])
+test('a child that calls setsid is still part of the tree: ended, or its survival reported', async () => {
+  const escapee = uniqueSleep(60)
+  const call = execute(ctx.client(),
+    bashParams(sandbox, `setsid sleep ${escapee} & echo ready; sleep 60`), AbortSignal.timeout(1000))
+  if (ctx.emu.terminationScope === 'tree') {
+    // A DELETE that signals the whole tree reaches it.
+    const r = await call
+    assert.equal(r.timedOut, true)
+    assert.deepEqual(liveOfCalls(ctx.emu), [])
+    return
+  }
+  // A DELETE that signals the leader's process group only (the documented minimum) does not:
+  // the tree stays alive, so the call reports the cleanup unconfirmed, and the child lives.
+  const error = await rejection(call)
+  const alive = sleepers(escapee)
+  for (const pid of alive) { try { process.kill(pid, 'SIGKILL') } catch {} }
+  assert.ok(error instanceof CreateosCleanupError, String(error && error.stack))
+  assert.equal(error.reason, 'termination-unconfirmed')
+  assert.equal(alive.length, 1, 'the setsid child outlived the DELETEs')
+  await endLeftovers(ctx.emu)
 })
 
 test('DELETE answering tree_exited:false for good → CreateosCleanupError after the cleanup deadline', async () => {

@@ -28,6 +28,12 @@ async function emulator(): Promise<void> {
   const pkgVersion: string = pkgReq.httpVersion;
   const pkgConn: number = pkgReq.connection;
   void ca; void conns; void version; void conn; void pkgCa; void pkgConns; void pkgVersion; void pkgConn;
+  // The termination scope, through the binding and the package.
+  const grouped: native.Emulator = await native.startEmulator({ profile: "full", terminationScope: "group" });
+  const scope: "group" | "tree" = grouped.terminationScope;
+  const pkgGrouped: pkgTypes.Emulator = await pkgTypes.startEmulator({ profile: "documented", terminationScope: null });
+  const pkgScope: pkgTypes.EmulatorTerminationScope = pkgGrouped.terminationScope;
+  void scope; void pkgScope;
 }
 void emulator;
 
@@ -36,4 +42,5 @@ void emulator;
 type Equal<A, B> = (<T>() => T extends A ? 1 : 2) extends <T>() => T extends B ? 1 : 2 ? true : false;
 const requestShape: Equal<native.EmulatorRequest, pkgTypes.EmulatorRequest> = true;
 const outputShape: Equal<native.ProcessOutput, NonNullable<ReturnType<pkgTypes.Emulator["processOutput"]>>> = true;
-void requestShape; void outputShape;
+const scopeShape: Equal<native.Emulator["terminationScope"], pkgTypes.Emulator["terminationScope"]> = true;
+void requestShape; void outputShape; void scopeShape;

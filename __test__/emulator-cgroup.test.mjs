@@ -9,7 +9,9 @@ import { lib, kinds, bashParams, useEmulator, sleep, markOf, uniqueSleep, sleepe
 const { execute } = lib
 let ctx
 let sandbox
-useEmulator(import.meta.url, (c) => { ctx = c; sandbox = c.sandbox() })
+// Whole trees: a process DELETE here must reach what left the process group
+// (terminationScope 'tree'), whatever profile CREATEOS_EMULATOR_PROFILE names.
+useEmulator(import.meta.url, (c) => { ctx = c; sandbox = c.sandbox() }, { terminationScope: 'tree' })
 
 const inCi = !!process.env.CI && process.env.CI !== 'false' && process.env.CI !== '0'
 const isRoot = typeof process.getuid === 'function' && process.getuid() === 0

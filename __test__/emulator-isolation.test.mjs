@@ -11,7 +11,9 @@ import { lib, bashParams, useEmulator, uniqueSleep, sleepers } from './helpers.m
 
 const { execute } = lib
 let ctx
-useEmulator(import.meta.url, (c) => { ctx = c })
+// Whole trees: a process DELETE here must reach what left the process group
+// (terminationScope 'tree'), whatever profile CREATEOS_EMULATOR_PROFILE names.
+useEmulator(import.meta.url, (c) => { ctx = c }, { terminationScope: 'tree' })
 
 const inCi = !!process.env.CI && process.env.CI !== 'false' && process.env.CI !== '0'
 const isRoot = typeof process.getuid === 'function' && process.getuid() === 0

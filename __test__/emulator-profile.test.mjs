@@ -2,11 +2,14 @@
 // serves only what the API notes document (an unpaged process list without `pagination`, exit
 // frames without `newest_seq`/`tree_exited`), `CREATEOS_EMULATOR_PROFILE` chooses the profile of
 // a helper-started emulator that names none, `--profile` on the CLI, and `applyLate` applies a
-// creation after the client left (the request log says when).
+// creation after the client left (the request log says when). `terminationScope` ('group' under
+// 'documented', 'tree' under 'full', or as asked; CLI `--termination`): whom a process DELETE
+// signals, while `tree_exited` counts every descendant either way.
 import { test } from 'node:test'
 import assert from 'node:assert/strict'
+import { readFileSync } from 'node:fs'
 import { createRequire } from 'node:module'
-import { startEmu } from './helpers.mjs'
+import { emulatorLib, isAlive, sleep, sleepers, startEmu, uniqueSleep } from './helpers.mjs'
 
 const require = createRequire(import.meta.url)
 const { parseArgs } = require('../emulator/bin/createos-emulator.js')
@@ -137,4 +140,85 @@ test('applyLate ms + hold: the client that gave up still gets its creation appli
     const create = ctx.emu.requests().find((r) => r.route === 'createProcess')
     assert.ok(create.appliedMs - create.receivedMs >= 1500, JSON.stringify(create))
   })
+})
+
+async function oneSleeper(arg) {
+  const end = Date.now() + 10_000
+  for (;;) {
+    const found = sleepers(arg)
+    if (found.length === 1) return found[0]
+    assert.ok(Date.now() < end, `sleep ${arg} did not start: ${JSON.stringify(found)}`)
+    await sleep(20)
+  }
+}
+
+const pgidOf = (pid) => {
+  const stat = readFileSync(`/proc/${pid}/stat`, 'utf8')
+  return Number(stat.slice(stat.lastIndexOf(')') + 2).split(' ')[2])
+}
+
+// A leader whose group holds a child (`sleep member &`) and a `setsid sleep` child outside the
+// group; a DELETE with a 200 ms grace; what the server said and which processes live after it.
+async function deleteWithAnEscapee(ctx) {
+  const member = uniqueSleep(321)
+  const escapee = uniqueSleep(322)
+  const sb = ctx.sandbox()
+  const created = await api(ctx, 'POST', `/sandboxes/${sb}/processes`,
+    { cmd: 'bash', args: ['-c', `sleep ${member} & setsid sleep ${escapee} & wait`] })
+  assert.equal(created.status, 201, created.text)
+  const { process_id: id, pid: leader } = created.json.data
+  const pm = await oneSleeper(member)
+  const pe = await oneSleeper(escapee)
+  try {
+    assert.equal(pgidOf(pm), leader, 'the member is in the leader\'s group')
+    assert.notEqual(pgidOf(pe), leader, 'the escapee left it')
+    const del = await api(ctx, 'DELETE', `/sandboxes/${sb}/processes/${id}?grace_ms=200`)
+    assert.equal(del.status, 200, del.text)
+    const after = { member: isAlive(pm), escapee: isAlive(pe) }
+    const wait = await api(ctx, 'GET', `/sandboxes/${sb}/processes/${id}/wait?scope=tree&timeout_ms=300`)
+    const record = await api(ctx, 'GET', `/sandboxes/${sb}/processes/${id}`)
+    return { treeExited: del.json.data.tree_exited, after, wait: wait.status, recordTreeExited: record.json.data.tree_exited, pe, sb, id }
+  } finally {
+    // The survivor, by pid (whatever an assertion said).
+    for (const pid of [pm, pe]) { try { process.kill(pid, 'SIGKILL') } catch {} }
+  }
+}
+
+test("terminationScope: 'group' under 'documented', 'tree' under 'full', or as asked", async () => {
+  await withEmu({ profile: 'documented' }, async (ctx) => assert.equal(ctx.emu.terminationScope, 'group'))
+  await withEmu({ profile: 'full' }, async (ctx) => assert.equal(ctx.emu.terminationScope, 'tree'))
+  await withEmu({ profile: 'documented', terminationScope: 'tree' }, async (ctx) => assert.equal(ctx.emu.terminationScope, 'tree'))
+  await withEmu({ profile: 'full', terminationScope: 'group' }, async (ctx) => assert.equal(ctx.emu.terminationScope, 'group'))
+  await withEmu({ profile: 'full', terminationScope: null }, async (ctx) => assert.equal(ctx.emu.terminationScope, 'tree'))
+  await assert.rejects(emulatorLib.startEmulator({ terminationScope: 'pgid' }), /Invalid emulator options/)
+})
+
+test("terminationScope 'group': the DELETE ends the leader's group, a setsid child lives on and keeps the tree", async () => {
+  await withEmu({ profile: 'documented' }, async (ctx) => {
+    const r = await deleteWithAnEscapee(ctx)
+    assert.deepEqual(r.after, { member: false, escapee: true })
+    assert.equal(r.treeExited, false)
+    assert.equal(r.wait, 408, 'wait?scope=tree while the escapee lives')
+    assert.equal(r.recordTreeExited, false)
+    // Ended by pid in deleteWithAnEscapee: now the tree is seen exited.
+    const wait = await api(ctx, 'GET', `/sandboxes/${r.sb}/processes/${r.id}/wait?scope=tree&timeout_ms=10000`)
+    assert.equal(wait.status, 200, wait.text)
+    assert.equal(wait.json.data.tree_exited, true)
+  })
+})
+
+test("terminationScope 'tree': the same DELETE ends the setsid child too", async () => {
+  await withEmu({ profile: 'documented', terminationScope: 'tree' }, async (ctx) => {
+    const r = await deleteWithAnEscapee(ctx)
+    assert.deepEqual(r.after, { member: false, escapee: false })
+    assert.equal(r.treeExited, true)
+    assert.equal(r.wait, 200)
+    assert.equal(r.recordTreeExited, true)
+  })
+})
+
+test('the CLI takes --termination', () => {
+  assert.deepEqual(parseArgs(['--termination', 'group']), { terminationScope: 'group' })
+  assert.deepEqual(parseArgs(['--profile=documented', '--termination=tree']), { profile: 'documented', terminationScope: 'tree' })
+  assert.throws(() => parseArgs(['--termination', 'pgid']), /--termination must be group or tree/)
 })

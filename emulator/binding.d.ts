@@ -31,6 +31,12 @@ export declare class Emulator {
   get cgroupView(): boolean
   /** The profile it serves: `full` or `documented` (the documented minimum of the API). */
   get profile(): 'full' | 'documented'
+  /**
+   * Whom the DELETE of a process signals: `group` (the leader's process group only: the
+   * `documented` profile's default) or `tree` (every process of the tree: the `full`
+   * profile's). `tree_exited` counts every descendant either way.
+   */
+  get terminationScope(): 'group' | 'tree'
   /** The emulator's own throwaway key. */
   get apiKey(): string
   /** Every request so far, in arrival order. */
@@ -99,4 +105,4 @@ export interface ProcessOutput {
 }
 
 /** Starts the local CreateOS emulator on 127.0.0.1. */
-export declare function startEmulator(options?: { port?: number; apiKey?: string; rateLimitPerMinute?: number | null; rateLimit?: { limit: number; windowMs: number } | null; journalBytes?: number; retainedBytes?: number | null; tls?: boolean; http2?: boolean; rttMs?: number; holdHeaders?: boolean; heartbeatMs?: number; tracking?: 'auto' | 'cgroup-v2' | 'cgroup-v1' | 'marker'; pidsMax?: number | null; profile?: 'full' | 'documented' | null } | undefined | null): Promise<Emulator>
+export declare function startEmulator(options?: { port?: number; apiKey?: string; rateLimitPerMinute?: number | null; rateLimit?: { limit: number; windowMs: number } | null; journalBytes?: number; retainedBytes?: number | null; tls?: boolean; http2?: boolean; rttMs?: number; holdHeaders?: boolean; heartbeatMs?: number; tracking?: 'auto' | 'cgroup-v2' | 'cgroup-v1' | 'marker'; pidsMax?: number | null; profile?: 'full' | 'documented' | null; terminationScope?: 'group' | 'tree' | null } | undefined | null): Promise<Emulator>

@@ -64,11 +64,26 @@ export interface EmulatorOptions {
    * the other extras listed in docs/emulator.md ("Profiles"). `documented`: only what the API
    * notes document: the process list is `data.processes[]`, whole and unpaged whatever
    * `limit`/`offset` say, without `pagination`; exit frames carry `exit_code` (and `signal`
-   * when signalled), nothing else. The test helpers default it from
+   * when signalled), nothing else; a process DELETE signals the leader's process group only
+   * (`terminationScope: 'group'`, unless asked otherwise). The test helpers default it from
    * `CREATEOS_EMULATOR_PROFILE`.
    */
   profile?: 'full' | 'documented' | null
+  /**
+   * Whom the DELETE of a process (`?grace_ms=`) signals: SIGTERM, the grace, then SIGKILL
+   * `group`: to the leader's process group only (`killpg`), the least the API's "terminates the
+   * whole process tree" may mean; a descendant that left the group (`setsid`, a double fork)
+   * is not signalled. `tree`: to every process of the tree, wherever it went. Either way
+   * `tree_exited` (the DELETE's answer, exit frames, `wait?scope=tree`, the record) counts every
+   * descendant, so one the DELETE did not reach keeps it `false`. Absent or `null`: the
+   * profile's (`documented`: `group`; `full`: `tree`). A sandbox DELETE and `close()` end
+   * every process either way.
+   */
+  terminationScope?: 'group' | 'tree' | null
 }
+
+/** Whom the DELETE of a process signals (see `EmulatorOptions.terminationScope`). */
+export type EmulatorTerminationScope = 'group' | 'tree'
 
 /** How an emulator finds the processes of a tree (see `Emulator.tracking`). */
 export type EmulatorTracking = 'cgroup-v2' | 'cgroup-v1' | 'marker'
@@ -212,6 +227,8 @@ export declare class Emulator {
   readonly cgroupView: boolean
   /** The profile it serves (see `EmulatorOptions.profile`). */
   readonly profile: 'full' | 'documented'
+  /** Whom the DELETE of a process signals (`EmulatorOptions.terminationScope`, or the profile's). */
+  readonly terminationScope: EmulatorTerminationScope
   /** TCP connections accepted so far (including ones whose TLS handshake failed). */
   connections(): number
   requests(): EmulatorRequest[]

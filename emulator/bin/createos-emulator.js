@@ -4,7 +4,7 @@
 // createos-emulator [--port N] [--api-key K] [--rate-limit N|off] [--journal-bytes N]
 //                   [--retained-bytes N|off] [--tls] [--no-http2] [--rtt-ms N]
 //                   [--hold-headers] [--heartbeat-ms N] [--tracking MODE] [--pids-max N|off]
-//                   [--profile full|documented]
+//                   [--profile full|documented] [--termination group|tree]
 //
 // Runs the local CreateOS emulator until SIGINT/SIGTERM, with one sandbox made at start
 // (its id printed as CREATEOS_SANDBOX_ID). It runs real processes on this machine and
@@ -18,7 +18,7 @@ const { startEmulator } = require('..')  // createos-execute-emulator
 const USAGE = `usage: createos-emulator [--port N] [--api-key K] [--rate-limit N|off] [--journal-bytes N]
                          [--retained-bytes N|off] [--tls] [--no-http2] [--rtt-ms N]
                          [--hold-headers] [--heartbeat-ms N] [--tracking MODE] [--pids-max N|off]
-                         [--profile full|documented]
+                         [--profile full|documented] [--termination group|tree]
 
   --port N           TCP port on 127.0.0.1 (default: a free one)
   --api-key K        the key clients must send (default: a random one, printed)
@@ -39,7 +39,11 @@ const USAGE = `usage: createos-emulator [--port N] [--api-key K] [--rate-limit N
                      'off' disables the bound
   --profile P        full (default: everything the emulator has) or documented (only what
                      the API documents: an unpaged process list without pagination, exit
-                     frames without newest_seq/tree_exited)
+                     frames without newest_seq/tree_exited, a DELETE that signals the
+                     leader's process group only)
+  --termination S    whom the DELETE of a process signals: group (the leader's process
+                     group only; the documented profile's default) or tree (every process
+                     of the tree; the full profile's default)
 
 Prints the URL, the key and the id of a sandbox it made at start (more: POST /v1/sandboxes).
 
@@ -127,6 +131,12 @@ function parseArgs(argv) {
         const profile = take()
         if (!['full', 'documented'].includes(profile)) throw new Error('--profile must be full or documented')
         opts.profile = profile
+        break
+      }
+      case '--termination': {
+        const scope = take()
+        if (!['group', 'tree'].includes(scope)) throw new Error('--termination must be group or tree')
+        opts.terminationScope = scope
         break
       }
       default:

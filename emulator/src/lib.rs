@@ -69,7 +69,7 @@ pub struct ProcessOutput {
 
 /// Starts the local CreateOS emulator on 127.0.0.1.
 #[napi(
-    ts_args_type = "options?: { port?: number; apiKey?: string; rateLimitPerMinute?: number | null; rateLimit?: { limit: number; windowMs: number } | null; journalBytes?: number; retainedBytes?: number | null; tls?: boolean; http2?: boolean; rttMs?: number; holdHeaders?: boolean; heartbeatMs?: number; tracking?: 'auto' | 'cgroup-v2' | 'cgroup-v1' | 'marker'; pidsMax?: number | null; profile?: 'full' | 'documented' | null } | undefined | null"
+    ts_args_type = "options?: { port?: number; apiKey?: string; rateLimitPerMinute?: number | null; rateLimit?: { limit: number; windowMs: number } | null; journalBytes?: number; retainedBytes?: number | null; tls?: boolean; http2?: boolean; rttMs?: number; holdHeaders?: boolean; heartbeatMs?: number; tracking?: 'auto' | 'cgroup-v2' | 'cgroup-v1' | 'marker'; pidsMax?: number | null; profile?: 'full' | 'documented' | null; terminationScope?: 'group' | 'tree' | null } | undefined | null"
 )]
 pub async fn start_emulator(options: Option<Value>) -> Result<Emulator> {
     let opts: EmulatorOptions = match options {
@@ -128,6 +128,14 @@ impl Emulator {
     #[napi(getter, ts_return_type = "'full' | 'documented'")]
     pub fn profile(&self) -> String {
         self.inner.profile().as_str().to_owned()
+    }
+
+    /// Whom the DELETE of a process signals: `group` (the leader's process group only: the
+    /// `documented` profile's default) or `tree` (every process of the tree: the `full`
+    /// profile's). `tree_exited` counts every descendant either way.
+    #[napi(getter, ts_return_type = "'group' | 'tree'")]
+    pub fn termination_scope(&self) -> String {
+        self.inner.termination_scope().as_str().to_owned()
     }
 
     /// The emulator's own throwaway key.

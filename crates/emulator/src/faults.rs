@@ -108,10 +108,12 @@ pub enum FaultAction {
     /// Answer `tree_exited:false` and do not kill; the tree is reported as not exited until
     /// `close()`.
     TreeExitedFalse,
-    /// Answer `tree_exited:false` at once and really SIGKILL the tree `ms` later.
+    /// Answer `tree_exited:false` at once and really SIGKILL `ms` later (the tree, or the
+    /// leader's process group under [`crate::TerminationScope::Group`]).
     TreeExitsAfter { ms: u64 },
-    /// SIGKILL the tree at once, no SIGTERM first (a server whose DELETE ignores the grace:
-    /// the documented minimum does not say it sends SIGTERM), then answer as usual.
+    /// SIGKILL at once (the tree, or the leader's process group under
+    /// [`crate::TerminationScope::Group`]), no SIGTERM first (a server whose DELETE ignores the
+    /// grace: the documented minimum does not say it sends SIGTERM), then answer as usual.
     KillOnly,
     // ---- list faults (route `listProcesses`) ----
     /// Serve at most `limit` processes per page, whatever the client asks for. With

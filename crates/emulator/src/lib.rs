@@ -51,8 +51,8 @@
 //! group) but is not in the leaf is moved back into it, so the tree is not exited and is killed
 //! whole. The tree is the
 //! leaf's members; it has exited once the leader was reaped and the leaf lists no process (an
-//! empty cgroup stays empty). Killing it (DELETE, a sandbox DELETE, an exec's timeout, `close`)
-//! freezes the leaf, signals every member, thaws it (the order systemd uses: nothing forks past
+//! empty cgroup stays empty). Killing it (a DELETE under [`TerminationScope::Tree`], a sandbox
+//! DELETE, an exec's timeout, `close`) freezes the leaf, signals every member, thaws it (the order systemd uses: nothing forks past
 //! the signal), and repeats until the leaf is empty. Each leaf has `pids.max` =
 //! [`EmulatorOptions::pids_max`] (default 512) where the layout has a `pids` controller, so a
 //! fork loop is bounded. A leaf is removed once its leader was reaped and it is empty; `close`
@@ -75,6 +75,19 @@
 //! /proc scans in which the leader has exited (and been reaped) and no process of the tree is
 //! alive, which closes the race of a process forking while a scan runs. [`Emulator::live_pids`]
 //! reports the members of this instance's cgroups and every marked process.
+//!
+//! # Termination scope
+//!
+//! The DELETE of a process (`?grace_ms=`) sends SIGTERM, waits the grace (less when nothing it
+//! signalled is left), SIGKILLs what is left and answers the process record. Whom it signals is
+//! [`EmulatorOptions::termination_scope`]: [`TerminationScope::Tree`] (the `full` profile's
+//! default) every process of the tree, as described above; [`TerminationScope::Group`] (the
+//! `documented` profile's default) the leader's process group only (`killpg`), the least the
+//! API's "terminates the whole process tree" may mean. Under `group` a descendant that left the
+//! group (`setsid`, a double fork into a new session) is not signalled; it still belongs to the
+//! tree as observed, so `tree_exited` (the DELETE's answer, exit frames, `wait?scope=tree`, the
+//! record) stays false while it lives. A sandbox DELETE, `close` and an exec's timeout end
+//! every process of a tree under either scope.
 //!
 //! # Output journal
 //!
@@ -221,14 +234,17 @@ impl TrackingMode {
 pub enum Profile {
     /// Everything the emulator has: a paged process list with `pagination { total, … }`, exit
     /// frames with `tree_exited` and `newest_seq`, exec answers with the result fields also at
-    /// the top of `data`, file uploads answered `{path, bytes}`.
+    /// the top of `data`, file uploads answered `{path, bytes}`, a process DELETE that signals
+    /// every process of the tree (unless [`EmulatorOptions::termination_scope`] says otherwise).
     #[default]
     #[serde(rename = "full")]
     Full,
     /// Only what the API notes document (see docs/emulator.md, "Profiles"): the process list is
     /// `data.processes[]`, whole and unpaged whatever `limit`/`offset` say, with no
     /// `pagination`; exit frames carry `exit_code` and, when signalled, `signal`, nothing else;
-    /// a buffered exec answers `data.result` and `data.exec_ms` only; an upload answers `{}`.
+    /// a buffered exec answers `data.result` and `data.exec_ms` only; an upload answers `{}`;
+    /// a process DELETE signals the leader's process group only (unless
+    /// [`EmulatorOptions::termination_scope`] says otherwise).
     #[serde(rename = "documented")]
     Documented,
 }
@@ -255,6 +271,45 @@ impl Profile {
             Some("full") => Some(Profile::Full),
             Some("documented") => Some(Profile::Documented),
             Some(other) => panic!("{PROFILE_ENV}={other:?} names no profile (full or documented)"),
+        }
+    }
+}
+
+/// [`EmulatorOptions::termination_scope`]: which processes the DELETE of a process signals.
+/// Either way `tree_exited` (exit frames, `wait?scope=tree`, the process record) counts every
+/// descendant the emulator observes, so a process the DELETE did not reach keeps it `false`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub enum TerminationScope {
+    /// SIGTERM, the grace, SIGKILL to the leader's process group only: the least the API's
+    /// "terminates the whole process tree" may mean (it does not say how the tree is found). A
+    /// descendant that left the group (`setsid`, a double fork into a new session) is not
+    /// signalled. The [`Profile::Documented`] default.
+    #[serde(rename = "group")]
+    Group,
+    /// SIGTERM, the grace, SIGKILL to every process of the tree (its cgroup, frozen while it is
+    /// signalled, or every process carrying its marker), wherever it went. The
+    /// [`Profile::Full`] default.
+    #[serde(rename = "tree")]
+    Tree,
+}
+
+impl TerminationScope {
+    /// `"group"` or `"tree"`.
+    #[must_use]
+    pub fn as_str(self) -> &'static str {
+        match self {
+            TerminationScope::Group => "group",
+            TerminationScope::Tree => "tree",
+        }
+    }
+
+    /// The scope a profile terminates with when the options name none: `documented` → `group`
+    /// (the documented minimum), `full` → `tree`.
+    #[must_use]
+    pub fn of_profile(profile: Profile) -> TerminationScope {
+        match profile {
+            Profile::Documented => TerminationScope::Group,
+            Profile::Full => TerminationScope::Tree,
         }
     }
 }
@@ -344,6 +399,11 @@ pub struct EmulatorOptions {
     /// the test support fills a `None` from `CREATEOS_EMULATOR_PROFILE`
     /// ([`Profile::from_env`]), so `Some` is a test asking for a profile explicitly.
     pub profile: Option<Profile>,
+    /// Which processes the DELETE of a process signals ([`TerminationScope`]). `None` = the
+    /// profile's ([`TerminationScope::of_profile`]): `group` under `documented`, `tree` under
+    /// `full`. A sandbox DELETE and [`Emulator::close`] end every process of every tree
+    /// whatever the scope (they are the emulator's own housekeeping).
+    pub termination_scope: Option<TerminationScope>,
 }
 
 impl Default for EmulatorOptions {
@@ -364,6 +424,7 @@ impl Default for EmulatorOptions {
             tracking: TrackingMode::Auto,
             pids_max: Some(DEFAULT_PIDS_MAX),
             profile: None,
+            termination_scope: None,
         }
     }
 }
@@ -422,6 +483,8 @@ pub(crate) struct LateCreation {
 pub(crate) struct Inner {
     pub instance: String,
     pub profile: Profile,
+    /// What a process DELETE signals ([`EmulatorOptions::termination_scope`], resolved).
+    pub termination: TerminationScope,
     /// Creations waiting for a list answer of their sandbox ([`FaultAction::ApplyLate`]).
     pub late: Mutex<Vec<LateCreation>>,
     /// One leaf cgroup per tree, when trees are tracked by cgroup.
@@ -579,6 +642,7 @@ pub async fn start(opts: EmulatorOptions) -> std::io::Result<Emulator> {
     let inner = Arc::new(Inner {
         instance,
         profile: opts.profile.unwrap_or_default(),
+        termination: opts.termination_scope.unwrap_or(TerminationScope::of_profile(opts.profile.unwrap_or_default())),
         late: Mutex::new(Vec::new()),
         cgroups,
         api_key,
@@ -657,6 +721,12 @@ impl Emulator {
     /// The profile it serves ([`EmulatorOptions::profile`]).
     pub fn profile(&self) -> Profile {
         self.inner.profile
+    }
+
+    /// Which processes the DELETE of a process signals ([`EmulatorOptions::termination_scope`],
+    /// or the profile's).
+    pub fn termination_scope(&self) -> TerminationScope {
+        self.inner.termination
     }
 
     /// How this emulator finds the processes of a tree.

@@ -18,7 +18,7 @@ use tokio::sync::watch;
 use super::cgroup::{self, Leaf};
 use super::isolate;
 use super::procfs::{self, Entry, Filter, MARK_VAR};
-use super::Inner;
+use super::{Inner, TerminationScope};
 
 /// Max raw bytes per data frame.
 pub(crate) const FRAME_MAX: usize = 64 * 1024;
@@ -859,8 +859,9 @@ async fn kill_tree(inner: &Inner, p: &Arc<Proc>, filter: &Filter, deadline: Inst
     }
 }
 
-/// DELETE semantics: SIGTERM the tree and its group, wait up to `grace`, SIGKILL what is left,
-/// wait up to 2 s more. Returns whether the tree is gone.
+/// DELETE semantics: SIGTERM, wait up to `grace`, SIGKILL what is left, wait up to 2 s more;
+/// to the whole tree or to the leader's process group only ([`TerminationScope`]). Returns
+/// whether the tree (every descendant, whatever the scope) is gone.
 pub(crate) async fn terminate(inner: &Inner, p: &Arc<Proc>, grace: Duration) -> bool {
     if p.st.lock().unwrap().tree_exited_real {
         return true;
@@ -869,17 +870,10 @@ pub(crate) async fn terminate(inner: &Inner, p: &Arc<Proc>, grace: Duration) -> 
         p.st.lock().unwrap().terminating = true;
     }
     p.bump();
-    let filter = p.filter(inner);
-    signal_tree(p, &filter, Signal::SIGTERM).await;
-    if !p.st.lock().unwrap().leader_exited {
-        let _ = nix::sys::signal::killpg(nix::unistd::Pid::from_raw(p.pid), Signal::SIGTERM);
-    }
-    let mut gone = wait_tree_gone(inner, p, &filter, Instant::now() + grace).await;
-    if !gone {
-        let deadline = Instant::now() + Duration::from_secs(2);
-        kill_tree(inner, p, &filter, deadline).await;
-        gone = wait_tree_gone(inner, p, &filter, deadline).await;
-    }
+    let gone = match inner.termination {
+        TerminationScope::Tree => terminate_tree(inner, p, grace).await,
+        TerminationScope::Group => terminate_group(inner, p, Some(grace)).await,
+    };
     {
         let mut st = p.st.lock().unwrap();
         st.terminating = false;
@@ -891,11 +885,96 @@ pub(crate) async fn terminate(inner: &Inner, p: &Arc<Proc>, grace: Duration) -> 
     gone
 }
 
-/// SIGKILL a tree at once and wait (bounded 2 s) for it to vanish.
-pub(crate) async fn kill_now(inner: &Inner, p: &Arc<Proc>) -> bool {
+/// [`terminate`] of the whole tree: SIGTERM every process of it (and the leader's group),
+/// the grace, SIGKILL until it is gone.
+async fn terminate_tree(inner: &Inner, p: &Arc<Proc>, grace: Duration) -> bool {
     let filter = p.filter(inner);
-    kill_tree(inner, p, &filter, Instant::now() + Duration::from_secs(2)).await;
-    let gone = wait_tree_gone(inner, p, &filter, Instant::now() + Duration::from_secs(2)).await;
+    signal_tree(p, &filter, Signal::SIGTERM).await;
+    if !p.st.lock().unwrap().leader_exited {
+        let _ = nix::sys::signal::killpg(nix::unistd::Pid::from_raw(p.pid), Signal::SIGTERM);
+    }
+    let mut gone = wait_tree_gone(inner, p, &filter, Instant::now() + grace).await;
+    if !gone {
+        let deadline = Instant::now() + Duration::from_secs(2);
+        kill_tree(inner, p, &filter, deadline).await;
+        gone = wait_tree_gone(inner, p, &filter, deadline).await;
+    }
+    gone
+}
+
+/// Send `sig` to the leader's process group, while the emulator still knows the group as its
+/// own (a group forgotten after its leader was reaped and it stayed empty is never signalled: its
+/// id may name someone else's group by now).
+fn signal_group(inner: &Inner, p: &Proc, sig: Signal) {
+    if inner.groups.lock().unwrap().contains_key(&p.pid) {
+        let _ = nix::sys::signal::killpg(nix::unistd::Pid::from_raw(p.pid), sig);
+    }
+}
+
+/// Whether a live (non-zombie) process is in the leader's process group.
+async fn group_alive(inner: &Inner, p: &Proc) -> bool {
+    if !inner.groups.lock().unwrap().contains_key(&p.pid) {
+        return false;
+    }
+    let pgid = p.pid;
+    !procfs::scan_async(Arc::new(move |e: &Entry| e.pgid == pgid)).await.is_empty()
+}
+
+/// Wait until the leader exited (was reaped) and its process group is empty, looking every
+/// 10 ms.
+async fn wait_group_gone(inner: &Inner, p: &Proc, deadline: Instant) -> bool {
+    loop {
+        let alive = group_alive(inner, p).await;
+        if !alive && p.st.lock().unwrap().leader_exited {
+            return true;
+        }
+        if Instant::now() >= deadline {
+            return false;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+}
+
+/// [`terminate`] of the leader's process group only, as the least the API's DELETE may do:
+/// SIGTERM to the group, the grace (`None`: none, SIGKILL at once), SIGKILL to the group until
+/// it is empty (2 s at most). A descendant that left the group (`setsid`, a double fork into a
+/// new session) is not signalled, and the answer is the tree as observed: gone only when
+/// nothing of it is alive, inside the group or out.
+async fn terminate_group(inner: &Inner, p: &Arc<Proc>, grace: Option<Duration>) -> bool {
+    let mut group_gone = false;
+    if let Some(grace) = grace {
+        signal_group(inner, p, Signal::SIGTERM);
+        group_gone = wait_group_gone(inner, p, Instant::now() + grace).await;
+    }
+    if !group_gone {
+        let deadline = Instant::now() + Duration::from_secs(2);
+        while group_alive(inner, p).await && Instant::now() < deadline {
+            signal_group(inner, p, Signal::SIGKILL);
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+        group_gone = wait_group_gone(inner, p, deadline).await;
+    }
+    // What the tree is now. Two looks without a cgroup, as the reaper takes (a process that
+    // forks and exits while a /proc scan runs can be missed by one).
+    let filter = p.filter(inner);
+    if !group_gone || tree_alive(inner, p, &filter).await {
+        return false;
+    }
+    p.leaf.is_some() || !tree_alive(inner, p, &filter).await
+}
+
+/// SIGKILL a tree at once and wait (bounded 2 s) for it to vanish; under
+/// [`TerminationScope::Group`], the leader's process group only (a DELETE without the
+/// grace). Returns whether the tree is gone.
+pub(crate) async fn kill_now(inner: &Inner, p: &Arc<Proc>) -> bool {
+    let gone = match inner.termination {
+        TerminationScope::Tree => {
+            let filter = p.filter(inner);
+            kill_tree(inner, p, &filter, Instant::now() + Duration::from_secs(2)).await;
+            wait_tree_gone(inner, p, &filter, Instant::now() + Duration::from_secs(2)).await
+        }
+        TerminationScope::Group => terminate_group(inner, p, None).await,
+    };
     if gone {
         p.st.lock().unwrap().tree_exited_real = true;
     }

@@ -9,8 +9,14 @@ use createos_test_support::emulator::{self, Emulator, EmulatorOptions, Tracking,
 use createos_test_support::{sleepers, unique_sleep};
 use serde_json::{json, Value};
 
+/// Whole trees: these tests prove a process DELETE ends what left the process group
+/// (`TerminationScope::Tree`), whatever profile `CREATEOS_EMULATOR_PROFILE` names
+/// (tests/termination.rs covers `group`).
 fn opts() -> EmulatorOptions {
-    createos_test_support::unlimited()
+    EmulatorOptions {
+        termination_scope: Some(createos_test_support::TerminationScope::Tree),
+        ..createos_test_support::unlimited()
+    }
 }
 
 mod support;

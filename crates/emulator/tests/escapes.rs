@@ -59,8 +59,14 @@ impl Ctx {
     }
 }
 
+/// Whole trees: these tests prove a process DELETE ends what left the process group
+/// (`TerminationScope::Tree`), whatever profile `CREATEOS_EMULATOR_PROFILE` names
+/// (tests/termination.rs covers `group`).
 fn opts() -> EmulatorOptions {
-    createos_test_support::unlimited()
+    EmulatorOptions {
+        termination_scope: Some(createos_test_support::TerminationScope::Tree),
+        ..createos_test_support::unlimited()
+    }
 }
 
 async fn with_emu<F, Fut>(f: F)

@@ -11,7 +11,7 @@ use std::future::Future;
 use std::panic::AssertUnwindSafe;
 use std::time::Duration;
 
-pub use createos_emulator::{self as emulator, Emulator, EmulatorOptions, FaultRule, Profile};
+pub use createos_emulator::{self as emulator, Emulator, EmulatorOptions, FaultRule, Profile, TerminationScope};
 use futures_util::FutureExt;
 
 /// How long one test body may run before it fails as "timed out".
