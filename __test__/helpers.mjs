@@ -145,7 +145,8 @@ export async function startEmu(options = {}) {
     apiKey: emu.apiKey,
     /** A client shaped like the host's (config + apiKey). */
     client(config = {}) {
-      return { config: { apiUrl: emu.url, timeoutMs: 5000, ...config }, apiKey: emu.apiKey }
+      const session = process.env.CREATEOS_TEST_SESSION === '1' ? { session: { idleMs: 60_000 } } : {}
+      return { config: { apiUrl: emu.url, timeoutMs: 5000, ...session, ...config }, apiKey: emu.apiKey }
     },
     sandbox() {
       return emu.createSandbox()

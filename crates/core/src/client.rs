@@ -661,6 +661,22 @@ pub fn upload_retryable(err: &Error) -> bool {
 /// sent. Any 5xx may have come after the request was applied (a server that wrote an upload
 /// and then failed, a gateway that lost the answer), as a lost connection or a deadline after
 /// the request left may: the same rule as for a process creation.
+/// Whether a failed request provably never reached a handler that could apply it: no
+/// connection was made, a proxy or a certificate stopped it, a redirect was refused (the answer
+/// was the redirect), or our own checks refused it. A 4xx is not counted: a server may answer
+/// 429 (or another refusal) after it applied a request.
+pub fn never_applied(err: &Error) -> bool {
+    matches!(
+        err,
+        Error::Connection { maybe_sent: false, .. }
+            | Error::Redirect { .. }
+            | Error::ProxyRefused { .. }
+            | Error::ProxyUnreachable { .. }
+            | Error::UntrustedCertificate { .. }
+            | Error::Input(_)
+    )
+}
+
 fn may_have_applied(err: &Error) -> bool {
     match err {
         Error::Api { status, .. } => *status >= 500,

@@ -68,7 +68,7 @@ pub use protocol::{MARKER_INVALID, MAX_RECORD_BYTES, SESSION_ENV, SUPERVISOR_END
 pub use registry::{end_all_blocking, end_sandbox, forget_unproven, unproven, MAX_PER_LEASE, UNPROVEN_CODE};
 
 use crate::abort::{Abort, Ctx};
-use crate::client::{Client, Retry};
+use crate::client::{self, Client, Retry};
 use crate::config::{Config, Leftover, Params, DEFAULT_SESSION_IDLE};
 use crate::error::{Error, Operation, Result, PANIC};
 use crate::follow;
@@ -144,6 +144,9 @@ enum Ran {
     /// Anything else: the supervisor's tree must be ended through the provider, then this
     /// is the call's outcome (an abort, or an error).
     Doubt(Error),
+    /// The input provably never reached the supervisor (`client::never_applied`) and nothing
+    /// came of it: the command did not run, the supervisor is as it was.
+    Refused(Error),
 }
 
 /// Sends the record and reads the command's output and end markers off the stream.
@@ -184,7 +187,8 @@ async fn run_one(
             () = ctx.abort.aborted() => return Ran::Doubt(ctx.abort.error()),
             r = post.as_mut(), if posted.is_none() => {
                 if let Err(e) = r {
-                    return Ran::Doubt(e);
+                    let quiet = !out.begun() && !err.begun();
+                    return if quiet && client::never_applied(&e) { Ran::Refused(e) } else { Ran::Doubt(e) };
                 }
                 posted = Some(r);
                 continue;
@@ -339,6 +343,10 @@ pub async fn execute(
                 tree_exited,
                 containment: Some(containment),
             })
+        }
+        Ran::Refused(err) => {
+            registry::release(&lease, sup);
+            Err(err)
         }
         Ran::Doubt(err) => {
             prove(sup).await?;

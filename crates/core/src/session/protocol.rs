@@ -98,6 +98,11 @@ pub struct Lane {
 }
 
 impl Lane {
+    /// Whether any byte of this command's stream came (its begin marker, or a part of it).
+    pub fn begun(&self) -> bool {
+        self.begun || !self.held.is_empty()
+    }
+
     /// Takes one chunk; returns the command's bytes in it. Err = doubt (the marker framing
     /// was broken: bytes before the begin marker, a malformed or foreign end marker). Each
     /// byte is looked at once (`memmem`), and copied once; only a possible start of the end
