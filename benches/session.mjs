@@ -122,5 +122,54 @@ export async function sessionBench(opts, { emulator, row, note, log }) {
     row('13', `5 MiB of fast output, 1 MiB journal, ${mode}`, stats([complete]), `of ${runs}`, 'complete (the others evicted)', 0)
     await lib.destroySandbox(clientOf(e, undefined), s).catch((err) => note(`§13 destroy: ${err && err.message}`))
   }
+  // 5. Abnormal ends on the documented profile (termination by process group only): a
+  // timeout at 1.5 s of `echo partial; exec sleep 30`, an abort, an error frame while the
+  // command runs, and a command that ignores SIGTERM; how many of N end with the default
+  // mode's outcome (timedOut with `partial\n`, the cancellation, the stream error) with
+  // nothing alive after, and the median time to the verdict.
+  out.abnormal = {}
+  const n5 = opts.quick ? 3 : 20
+  const cases = {
+    timeout: { script: 'echo partial; exec sleep 30', signal: () => AbortSignal.timeout(1500), ok: (r) => r && r.timedOut && r.stdout === 'partial\n' },
+    abort: { script: 'echo partial; exec sleep 30', abortOnLog: true, ok: (r) => r instanceof Error && r.code === 'CREATEOS_CANCELLED' },
+    errorFrame: {
+      script: 'echo one; sleep 0.1; echo two; sleep 0.1; echo three; exec sleep 30',
+      faults: [{ route: 'connect', times: 1, action: { kind: 'dropAfterFrames', frames: 2 } }, { route: 'connect', skip: 1, times: 1, action: { kind: 'errorFrame', error: 'boom' } }],
+      ok: (r) => r instanceof Error && !lib.isCreateosCleanupError(r) && /stream reported an error/.test(r.message),
+    },
+    ignoresTerm: { script: "trap '' TERM; echo partial; sleep 30", signal: () => AbortSignal.timeout(1500), ok: (r) => r && r.timedOut && r.stdout === 'partial\n' },
+  }
+  for (const [mode, session] of MODES) {
+    const e = await emulator('child', { profile: 'documented' })
+    const client = clientOf(e, session && { idleMs: 60_000 }, { pacing: 'off', cleanupGraceMs: [1000, 5000] })
+    for (const [name, c] of Object.entries(cases)) {
+      log(`§13 documented profile, ${name}, ${mode}, ${n5} runs`)
+      let good = 0
+      const walls = []
+      for (let i = 0; i < n5; i++) {
+        const s = await e.createSandbox()
+        await e.clearFaults()
+        const ac = new AbortController()
+        const signal = c.signal ? c.signal() : ac.signal
+        // A fresh sandbox: a session's supervisor is created by this command, so the faults
+        // hit its stream (the first connect breaks once output came, its reconnect answers
+        // an error frame).
+        for (const f of c.faults || []) await e.addFault(f)
+        const t = now()
+        const r = await lib.execute(client, { lease: { providerLeaseId: s }, command: 'bash', args: ['-c', c.script] }, signal,
+          () => { if (c.abortOnLog) ac.abort() }).catch((err) => err)
+        walls.push(now() - t)
+        await e.clearFaults()
+        const end = Date.now() + 1000
+        let live = await e.livePids()
+        while (live.length && Date.now() < end) { await sleep(20); live = await e.livePids() }
+        if (c.ok(r) && live.length === 0) good++
+        else note(`§13 documented ${name} ${mode}: ${r instanceof Error ? r.message : JSON.stringify(r && { timedOut: r.timedOut, stdout: r.stdout })}, ${live.length} alive`)
+        await lib.destroySandbox(clientOf(e, undefined), s).catch(() => {})
+      }
+      out.abnormal[`${name} ${mode}`] = { good, of: n5, wallMs: stats(walls) }
+      row('13', `documented profile: ${name}, ${mode}`, stats(walls), 'ms', `${good} of ${n5} with the default mode's outcome and nothing alive`, 0)
+    }
+  }
   return out
 }
