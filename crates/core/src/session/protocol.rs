@@ -296,6 +296,34 @@ mod tests {
         }
     }
 
+    /// The supervisor script itself, fed records on its stdin: a token it already ran is not
+    /// run again, a command sees its session id, and `end` ends it.
+    #[test]
+    fn the_supervisor_runs_a_token_once_and_ends_on_end() {
+        use std::io::Write as _;
+        let dir = std::env::temp_dir().join(format!("cos-supervisor-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let marker = dir.join("m").to_str().unwrap().to_owned();
+        let script = supervisor_script(&marker, "sid-1", 1, Duration::from_secs(5)).unwrap();
+        let mut child = std::process::Command::new("/bin/bash")
+            .args(["-c", &script])
+            .stdin(std::process::Stdio::piped())
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::null())
+            .spawn()
+            .unwrap();
+        let cmd = escape("printf 'ran:%s\\n' \"$CREATEOS_SESSION_ID\"");
+        let rec = format!("{TOK} {cmd} -\n");
+        let stdin = child.stdin.as_mut().unwrap();
+        stdin.write_all(format!("{rec}{rec}end\n").as_bytes()).unwrap();
+        let out = child.wait_with_output().unwrap();
+        assert_eq!(out.status.code(), Some(0));
+        let text = String::from_utf8_lossy(&out.stdout).into_owned();
+        let want = format!("\0\x1ecos-begin:{TOK}\nran:sid-1\n\0\x1ecos-end:{TOK}:0:0\n");
+        assert_eq!(text, want, "the second record with the same token is not run");
+        std::fs::remove_dir_all(&dir).ok();
+    }
+
     #[test]
     fn statuses() {
         assert_eq!(exit_of(0), ProcessExit { exit_code: Some(0), signal: None });
