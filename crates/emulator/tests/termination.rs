@@ -391,3 +391,49 @@ async fn a_group_delete_right_after_the_leader_exited_answers_what_lives() {
     })
     .await;
 }
+
+/// A descendant caught in the middle of an `execve` (its new image's arguments and environment
+/// not yet placed: `/proc/<pid>/environ` reads empty for a moment) is still of the tree. A
+/// `setsid` daemon that runs a chain of 400 `env` execs before its `sleep` spends many such
+/// moments out of the leader's group, found by its marker only; DELETEs (no grace: the group
+/// is already gone) every few ms while the chain runs must each answer `tree_exited: false`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_descendant_in_the_middle_of_an_exec_is_still_of_the_tree() {
+    let o = EmulatorOptions { tracking: TrackingMode::Marker, ..opts(Profile::Documented, None) };
+    with_emulator(o, |emu| async move {
+        let c = Ctx::new(emu);
+        let mut deletes = 0;
+        for round in 0..10 {
+            let arg = unique_sleep(320);
+            let sb = c.sandbox().await;
+            let chain = "env ".repeat(400);
+            let cmd = format!("setsid {chain}sleep {arg} </dev/null >/dev/null 2>&1 & echo $!");
+            let p = c.spawn(&sb, "bash", &["-c", &cmd]).await;
+            let id = p["process_id"].as_str().unwrap().to_string();
+            c.exit_frame(&sb, &id).await;
+            let (out, _) = c.emu.process_output(&sb, &id).unwrap().expect("the process is known");
+            let daemon: i32 = String::from_utf8_lossy(&out).trim().parse().expect("the daemon's pid on stdout");
+            let mut wrong = None;
+            // Until the chain reached its `sleep` (10 s at most).
+            let end = Instant::now() + Duration::from_secs(10);
+            while sleepers(&arg).is_empty() && Instant::now() < end {
+                let (s, v) = c.json(c.delete(&format!("/sandboxes/{sb}/processes/{id}?grace_ms=0"))).await;
+                let st = stat_of(daemon);
+                deletes += 1;
+                if s != 200
+                    || (v["data"]["tree_exited"] != false && st.is_some_and(|(s, _, _)| !matches!(s, 'Z' | 'X')))
+                {
+                    let answer = (&v["data"]["leader_exited"], &v["data"]["tree_exited"]);
+                    wrong = Some(format!("round {round}: DELETE {s} {answer:?}, daemon {daemon} {st:?}"));
+                    break;
+                }
+                tokio::time::sleep(Duration::from_millis(1)).await;
+            }
+            kill_by_pid(daemon);
+            kill_sleepers(&[&arg]);
+            assert_eq!(wrong, None, "tree_exited while a process of the tree lives");
+        }
+        eprintln!("{deletes} DELETEs while the daemon exec'd, each answered tree_exited false");
+    })
+    .await;
+}
