@@ -125,7 +125,13 @@ for (const mode of MODES) {
     const pids = []
     const sandbox = fresh(t, pids)
     const client = clientOf(mode, { leftoverProcesses: 'terminate', cleanupDeadlineMs: 3000 })
-    const p = execute(client, bashParams(sandbox, 'setsid sleep 61 </dev/null >/dev/null 2>&1 & echo $!'), AbortSignal.timeout(20_000),
+    // The command ends only once the daemon has left its group (its process group is its own:
+    // setsid() done). Without that wait a DELETE a few ms after the leader's exit may find it
+    // still between its fork and its setsid(), a member of the group that the group's SIGTERM
+    // ends, and the tree then is honestly gone under either scope.
+    const daemon = 'setsid sleep 61 </dev/null >/dev/null 2>&1 & d=$!; ' +
+      'for _ in {1..500}; do read -r _ _ _ _ g _ < /proc/$d/stat && [ "$g" = "$d" ] && break; sleep 0.01; done; echo $d'
+    const p = execute(client, bashParams(sandbox, daemon), AbortSignal.timeout(20_000),
       (stream, text) => { if (stream === 'stdout') pids.push(Number(text.trim())) })
     if (groupOnly()) {
       const error = await rejection(p)

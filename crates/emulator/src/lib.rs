@@ -63,9 +63,10 @@
 //! [`EmulatorOptions::tracking`] asked for it). The tree is every live pid whose
 //! `/proc/<pid>/environ` carries the marker, plus every member of the leader's process group.
 //! Descendants inherit the marker, including ones that call `setsid` or double-fork, so they are
-//! found even after they left the group and were re-parented. A process that clears its
-//! environment (`env -i`) *and* leaves the process group escapes: that is the limit of this
-//! fallback, and the reason cgroups come first.
+//! found even after they left the group and were re-parented (one in the middle of an `execve`,
+//! whose environment reads empty for a moment, is read again until it settles). A process that
+//! clears its environment (`env -i`) *and* leaves the process group escapes: that is the limit of
+//! this fallback, and the reason cgroups come first.
 //!
 //! Zombies (state `Z` in `/proc/<pid>/stat`) count as exited in both. Process groups are
 //! tracked in both: one background task polls every ~25 ms while any managed process is not yet

@@ -45,8 +45,39 @@ pub(crate) fn start_ticks(pid: i32) -> Option<u64> {
     read_stat(&pid.to_string()).map(|(_, _, start)| start)
 }
 
+/// How long a scan reads again the empty environment of a process in the middle of an
+/// `execve` before it takes it as empty.
+const EXEC_SETTLE: Duration = Duration::from_millis(20);
+
+/// The marker in a process's initial environment. A process in the middle of an `execve` (its
+/// new image mapped, its arguments and environment not yet placed) reads an empty environment
+/// and an empty command line for a moment, and a marked one would be passed over: while both
+/// read empty the environment is read again (20 ms at most); an environment read empty while
+/// the command line is not is read once more, after it, then taken as it is.
 fn read_mark(pid: &str) -> Option<String> {
-    let env = std::fs::read(format!("/proc/{pid}/environ")).ok()?;
+    let end = Instant::now() + EXEC_SETTLE;
+    let mut settled = false;
+    loop {
+        let env = std::fs::read(format!("/proc/{pid}/environ")).ok()?;
+        if !env.is_empty() {
+            return mark_in(&env);
+        }
+        let cmdline = std::fs::read(format!("/proc/{pid}/cmdline")).ok()?;
+        if !cmdline.is_empty() {
+            if settled {
+                return None;
+            }
+            settled = true;
+            continue;
+        }
+        if Instant::now() >= end {
+            return None;
+        }
+        std::thread::sleep(Duration::from_micros(200));
+    }
+}
+
+fn mark_in(env: &[u8]) -> Option<String> {
     let key = MARK_VAR.as_bytes();
     for var in env.split(|b| *b == 0) {
         if var.len() > key.len() && var.starts_with(key) && var[key.len()] == b'=' {

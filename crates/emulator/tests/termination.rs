@@ -283,3 +283,157 @@ async fn kill_only_under_group_scope_kills_the_group_only() {
     })
     .await;
 }
+
+/// A pid's state letter, process group and the `exit_code` field of its /proc stat (the wait
+/// status a zombie died with); `None` once it is gone.
+fn stat_of(pid: i32) -> Option<(char, i32, i64)> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    let fields: Vec<&str> = stat[stat.rfind(')')? + 2..].split_ascii_whitespace().collect();
+    Some((fields.first()?.chars().next()?, fields.get(2)?.parse().ok()?, fields.last()?.parse().ok()?))
+}
+
+/// The race of a group DELETE sent a few ms after the leader exited: the command's last act was
+/// to start a `setsid` daemon in the background, which may still be between its fork and its
+/// `setsid()` (in the leader's group, so the DELETE's SIGTERM ends it) or past it (out of the
+/// group: it lives on). Either is right; what must hold is that the answer says which: each
+/// round `tree_exited` is true only when nothing of the tree lives (the daemon's pid is gone or
+/// a zombie, and no `sleep` of it runs), read from /proc right after the DELETE answered, and
+/// false only when something did (the daemon lives on, or the group's SIGTERM ended it just
+/// after it left the group: received while a member, it takes effect after its `setsid()`).
+/// The leader is shaped as the client's script (a login shell that `exec`s the command), and
+/// the DELETE follows, by turns, the exit frame at once, a read of the record after the exit
+/// frame (the client's order), or the first record that shows the leader exited.
+async fn delete_right_after_the_leader(c: &Ctx, rounds: usize) {
+    let (mut gone, mut survived, mut late) = (0, 0, 0);
+    for round in 0..rounds {
+        let arg = unique_sleep(319);
+        let sb = c.sandbox().await;
+        let cmd = format!("exec bash -c 'setsid sleep {arg} </dev/null >/dev/null 2>&1 & echo $!'");
+        let p = c.spawn(&sb, "bash", &["-lc", &cmd]).await;
+        let id = p["process_id"].as_str().unwrap().to_string();
+        let leader = i32::try_from(p["pid"].as_i64().unwrap()).unwrap();
+        match round % 3 {
+            0 => {
+                c.exit_frame(&sb, &id).await;
+            }
+            1 => {
+                c.exit_frame(&sb, &id).await;
+                c.record(&sb, &id).await;
+            }
+            _ => {
+                let end = Instant::now() + Duration::from_secs(10);
+                while c.record(&sb, &id).await["leader_exited"] != true {
+                    assert!(Instant::now() < end, "the leader did not exit");
+                    tokio::time::sleep(Duration::from_millis(1)).await;
+                }
+            }
+        }
+        let (s, v) = c.json(c.delete(&format!("/sandboxes/{sb}/processes/{id}?grace_ms=1000"))).await;
+        // What lives, from /proc, right after the answer (the daemon sleeps for ages: nothing
+        // of the tree ends by itself in between).
+        let (out, _) = c.emu.process_output(&sb, &id).unwrap().expect("the process is known");
+        let daemon: i32 = String::from_utf8_lossy(&out).trim().parse().expect("the daemon's pid on stdout");
+        let daemon_stat = stat_of(daemon);
+        let sleeping = sleepers(&arg);
+        let (w, _) = c.wait(&sb, &id, "tree", 0).await;
+        // The survivors, by pid, before any assertion can fail.
+        if daemon_stat.is_some_and(|(state, _, _)| !matches!(state, 'Z' | 'X')) {
+            kill_by_pid(daemon);
+        }
+        kill_sleepers(&[&arg]);
+
+        assert_eq!(s, 200, "{v}");
+        let claimed = v["data"]["tree_exited"].as_bool().expect("tree_exited in the DELETE's answer");
+        let alive = daemon_stat.is_some_and(|(state, _, _)| !matches!(state, 'Z' | 'X')) || !sleeping.is_empty();
+        // The wait status of the daemon's zombie: 15 when the DELETE's SIGTERM ended it (sent to
+        // the group while it was a member; it may have finished its setsid() before it died).
+        let terminated = daemon_stat.is_some_and(|(state, _, status)| state == 'Z' && status == 15);
+        let seen = format!(
+            "round {round}: DELETE {v}, daemon {daemon} {daemon_stat:?} (leader {leader}), sleepers {sleeping:?}"
+        );
+        if claimed {
+            // The safety property: "gone" only when nothing of the tree lives.
+            assert!(!alive, "tree_exited while a process of the tree lives: {seen}");
+            assert!(terminated || daemon_stat.is_none(), "the daemon did not end by the group's SIGTERM: {seen}");
+            assert_eq!(w, 200, "wait?scope=tree disagrees with the DELETE: {seen}");
+            gone += 1;
+        } else {
+            // Alive when the DELETE looked: it still is, or the group's SIGTERM, pending while
+            // it left the group, ended it just after.
+            assert!(alive || terminated, "tree_exited false, yet nothing of the tree lived: {seen}");
+            if alive {
+                assert_eq!(w, 408, "wait?scope=tree disagrees with the DELETE: {seen}");
+                survived += 1;
+            } else {
+                late += 1;
+            }
+            // Once the survivor is gone (ended above, by pid), the tree is seen exited.
+            let (w, v) = c.wait(&sb, &id, "tree", 10_000).await;
+            assert_eq!((w, &v["data"]["tree_exited"]), (200, &Value::Bool(true)), "{seen}: {v}");
+        }
+    }
+    eprintln!(
+        "{:?}: {gone} rounds ended in the group, {survived} left it and lived, {late} left it as the SIGTERM came",
+        c.emu.tracking()
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_group_delete_right_after_the_leader_exited_answers_what_lives() {
+    with_emulator(opts(Profile::Documented, None), |emu| async move {
+        assert_eq!(emu.termination_scope(), TerminationScope::Group);
+        delete_right_after_the_leader(&Ctx::new(emu), 30).await;
+    })
+    .await;
+    let o = EmulatorOptions { tracking: TrackingMode::Marker, ..opts(Profile::Documented, None) };
+    with_emulator(o, |emu| async move {
+        delete_right_after_the_leader(&Ctx::new(emu), 30).await;
+    })
+    .await;
+}
+
+/// A descendant caught in the middle of an `execve` (its new image's arguments and environment
+/// not yet placed: `/proc/<pid>/environ` reads empty for a moment) is still of the tree. A
+/// `setsid` daemon that runs a chain of 400 `env` execs before its `sleep` spends many such
+/// moments out of the leader's group, found by its marker only; DELETEs (no grace: the group
+/// is already gone) every few ms while the chain runs must each answer `tree_exited: false`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_descendant_in_the_middle_of_an_exec_is_still_of_the_tree() {
+    let o = EmulatorOptions { tracking: TrackingMode::Marker, ..opts(Profile::Documented, None) };
+    with_emulator(o, |emu| async move {
+        let c = Ctx::new(emu);
+        let mut deletes = 0;
+        for round in 0..10 {
+            let arg = unique_sleep(320);
+            let sb = c.sandbox().await;
+            let chain = "env ".repeat(400);
+            let cmd = format!("setsid {chain}sleep {arg} </dev/null >/dev/null 2>&1 & echo $!");
+            let p = c.spawn(&sb, "bash", &["-c", &cmd]).await;
+            let id = p["process_id"].as_str().unwrap().to_string();
+            c.exit_frame(&sb, &id).await;
+            let (out, _) = c.emu.process_output(&sb, &id).unwrap().expect("the process is known");
+            let daemon: i32 = String::from_utf8_lossy(&out).trim().parse().expect("the daemon's pid on stdout");
+            let mut wrong = None;
+            // Until the chain reached its `sleep` (10 s at most).
+            let end = Instant::now() + Duration::from_secs(10);
+            while sleepers(&arg).is_empty() && Instant::now() < end {
+                let (s, v) = c.json(c.delete(&format!("/sandboxes/{sb}/processes/{id}?grace_ms=0"))).await;
+                let st = stat_of(daemon);
+                deletes += 1;
+                if s != 200
+                    || (v["data"]["tree_exited"] != false && st.is_some_and(|(s, _, _)| !matches!(s, 'Z' | 'X')))
+                {
+                    let answer = (&v["data"]["leader_exited"], &v["data"]["tree_exited"]);
+                    wrong = Some(format!("round {round}: DELETE {s} {answer:?}, daemon {daemon} {st:?}"));
+                    break;
+                }
+                tokio::time::sleep(Duration::from_millis(1)).await;
+            }
+            kill_by_pid(daemon);
+            kill_sleepers(&[&arg]);
+            assert_eq!(wrong, None, "tree_exited while a process of the tree lives");
+        }
+        eprintln!("{deletes} DELETEs while the daemon exec'd, each answered tree_exited false");
+    })
+    .await;
+}
