@@ -12,6 +12,7 @@ const CODES = Object.freeze({
   input: 'CREATEOS_INVALID_INPUT',
   cancelled: 'CREATEOS_CANCELLED',
   error: 'CREATEOS_ERROR',
+  fetchUnmatched: 'CREATEOS_FETCH_UNMATCHED',
 })
 
 const CLEANUP_BRAND = Symbol.for('createos-execute.CleanupError')
@@ -92,8 +93,8 @@ Object.defineProperty(CreateosInputError.prototype, 'name', {
 })
 
 /** An `Error` with one of this package's codes (the plain ones: cancelled, TLS, not started, …). */
-function codedError(message, code) {
-  const error = new Error(message)
+function codedError(message, code, cause) {
+  const error = cause === undefined ? new Error(message) : new Error(message, { cause })
   error.code = code
   return error
 }
@@ -118,14 +119,19 @@ function isCreateosCleanupError(error) {
 // ---------------------------------------------------------------------------
 // Native outcome → value or error
 
-function toError(e) {
+// `cause`: what the host's fetch threw (lib/fetch-transport.js, already cleaned of the key and
+// of URL queries), for the errors of a request that had no answer: a cleanup or destroy
+// that could not be proven, a connection failure, a forgotten mock. Never on an API error (its
+// status is the answer), an input error or a cancellation.
+function toError(e, cause) {
   const err = e && typeof e === 'object' ? e : { kind: 'error', message: 'CreateOS command failed.' }
   const message = typeof err.message === 'string' ? err.message : 'CreateOS command failed.'
+  const withCause = (opts) => (cause === undefined ? opts : { ...opts, cause })
   switch (err.kind) {
     case 'api':
       return new CreateosApiError(err.status, undefined, { message })
     case 'cleanup': {
-      const opts = {}
+      const opts = withCause({})
       if (err.reason !== undefined) opts.reason = err.reason
       if (err.sandboxId !== undefined) opts.sandboxId = err.sandboxId
       if (err.processId !== undefined) opts.processId = err.processId
@@ -133,11 +139,11 @@ function toError(e) {
       return new CreateosCleanupError(message, opts)
     }
     case 'destroy':
-      return new CreateosDestroyError(message, {
+      return new CreateosDestroyError(message, withCause({
         sandboxId: err.sandboxId,
         attempts: Array.isArray(err.attempts) ? err.attempts : [],
         status: typeof err.status === 'number' ? err.status : null,
-      })
+      }))
     case 'cancelled':
     case 'aborted':
       // 'aborted' is a TimeoutError abort on an entry point that has no timedOut
@@ -147,8 +153,8 @@ function toError(e) {
       return new CreateosInputError(message)
     default:
       // Errors with a code of their own: CREATEOS_TLS_UNTRUSTED, CREATEOS_NOT_STARTED,
-      // CREATEOS_PROXY_REFUSED, CREATEOS_PROXY_UNREACHABLE.
-      return codedError(message, typeof err.code === 'string' ? err.code : CODES.error)
+      // CREATEOS_PROXY_REFUSED, CREATEOS_PROXY_UNREACHABLE, CREATEOS_FETCH_UNMATCHED.
+      return codedError(message, typeof err.code === 'string' ? err.code : CODES.error, cause)
   }
 }
 
@@ -161,10 +167,10 @@ function emitWarnings(outcome) {
   }
 }
 
-function unwrap(outcome) {
+function unwrap(outcome, cause) {
   emitWarnings(outcome)
   if (outcome && outcome.ok) return outcome.value
-  throw toError(outcome && outcome.error)
+  throw toError(outcome && outcome.error, cause)
 }
 
 /** True when a native outcome is a cancellation (the signal fired). */
