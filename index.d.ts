@@ -273,6 +273,7 @@ export type AttemptFailure =
   | `HTTP ${number}`
   | 'no response'
   | 'redirect refused'
+  | 'no mock answered'
   | 'deadline passed'
   | 'invalid answer'
   | 'failed'
@@ -448,7 +449,7 @@ export interface RequestDiagnosticsMessage {
   method: 'GET' | 'POST' | 'PUT' | 'DELETE' | 'HEAD' | 'PATCH' | 'OTHER'
   /** The HTTP status; `null` when no answer arrived. */
   status: number | null
-  outcome: 'ok' | 'http error' | 'no response' | 'redirect refused' | 'untrusted certificate' | 'proxy refused' | 'proxy unreachable' | 'aborted' | 'failed'
+  outcome: 'ok' | 'http error' | 'no response' | 'redirect refused' | 'no mock answered' | 'untrusted certificate' | 'proxy refused' | 'proxy unreachable' | 'aborted' | 'failed'
   /** 1 for the first try, 2 for the first retry, … */
   attempt: number
   /** From handing the request over to the answer's head (or the failure), in ms. */

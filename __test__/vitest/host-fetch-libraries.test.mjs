@@ -13,7 +13,7 @@
 import http from 'node:http'
 import { createRequire } from 'node:module'
 import { afterEach, describe, expect, it, vi } from 'vitest'
-import { lib, client, params, API, KEY, SANDBOX } from './host-fetch-fixture.mjs'
+import { lib, client, params, createosFixture, API, KEY, SANDBOX } from './host-fetch-fixture.mjs'
 import { LIBRARIES, DEFAULTS, installMsw } from './host-libraries.mjs'
 
 const require = createRequire(import.meta.url)
@@ -243,6 +243,21 @@ describe('a vi.stubGlobal fetch', () => {
     vi.stubGlobal('fetch', fetch)
     return seen
   }
+
+  it("the creation's body carries cwd as the TypeScript module's did (an absolute one; the script still cds)", async () => {
+    const fx = createosFixture()
+    vi.stubGlobal('fetch', fx.fetch)
+    await lib.execute(client(), params({ cwd: '/work dir' }), AbortSignal.timeout(30_000))
+    const create = fx.requests.find((r) => fx.kinds()[fx.requests.indexOf(r)] === 'create')
+    const body = JSON.parse(create.init.body)
+    expect(body).toMatchObject({ cmd: '/bin/bash', cwd: '/work dir' })
+    expect(body.args[0]).toBe('-lc')
+    expect(body.args[1]).toContain("cd -- '/work dir' || exit")
+    fx.requests.length = 0
+    await lib.execute(client(), params({ cwd: 'relative/dir' }), AbortSignal.timeout(30_000))
+    const relative = JSON.parse(fx.requests.find((r) => fx.kinds()[fx.requests.indexOf(r)] === 'create').init.body)
+    expect(relative).not.toHaveProperty('cwd')
+  })
 
   it('a body reader whose read() resolves null is a stream error of the call, never an unhandled rejection', async () => {
     const unhandled = []
