@@ -123,6 +123,17 @@ function isCreateosCleanupError(error) {
 // of URL queries), for the errors of a request that had no answer: a cleanup or destroy
 // that could not be proven, a connection failure, a forgotten mock. Never on an API error (its
 // status is the answer), an input error or a cancellation.
+// The plain errors a failed request can end in (their `cause` is the host's error); the others
+// (a protocol error, an evicted output) come from an answer, and get none.
+const FAILED_REQUEST = new Set([
+  'CREATEOS_FETCH_UNMATCHED', 'CREATEOS_NOT_STARTED', 'CREATEOS_TLS_UNTRUSTED',
+  'CREATEOS_PROXY_REFUSED', 'CREATEOS_PROXY_UNREACHABLE',
+])
+const FAILED_REQUEST_MESSAGES = new Set([
+  'CreateOS connection failed.', 'CreateOS process output connection failed.',
+  'CreateOS answered with a redirect, which is refused.',
+])
+
 function toError(e, cause) {
   const err = e && typeof e === 'object' ? e : { kind: 'error', message: 'CreateOS command failed.' }
   const message = typeof err.message === 'string' ? err.message : 'CreateOS command failed.'
@@ -151,10 +162,13 @@ function toError(e, cause) {
       return codedError(message, CODES.cancelled)
     case 'input':
       return new CreateosInputError(message)
-    default:
+    default: {
       // Errors with a code of their own: CREATEOS_TLS_UNTRUSTED, CREATEOS_NOT_STARTED,
       // CREATEOS_PROXY_REFUSED, CREATEOS_PROXY_UNREACHABLE, CREATEOS_FETCH_UNMATCHED.
-      return codedError(message, typeof err.code === 'string' ? err.code : CODES.error, cause)
+      const code = typeof err.code === 'string' ? err.code : CODES.error
+      const failed = FAILED_REQUEST.has(code) || (code === CODES.error && FAILED_REQUEST_MESSAGES.has(message))
+      return codedError(message, code, failed ? cause : undefined)
+    }
   }
 }
 

@@ -323,21 +323,32 @@ function cleanCause(error, call, headers, unmatched) {
   } catch {
     message = ''
   }
-  message = scrub(message.split('\n')[0], headers).slice(0, MAX_CAUSE)
+  const body = typeof call.body === 'string' ? call.body : undefined
+  message = scrub(message.split('\n')[0], headers, body).slice(0, MAX_CAUSE)
   if (unmatched) message = `${message} (${String(call.method)} ${scrub(String(call.url), headers)})`
   const cause = new Error(message)
-  Object.defineProperty(cause, 'name', { value: scrub(name, headers).slice(0, 100), writable: true, configurable: true })
-  if (code !== undefined) cause.code = scrub(code, headers).slice(0, 100)
+  Object.defineProperty(cause, 'name', { value: scrub(name, headers, body).slice(0, 100), writable: true, configurable: true })
+  if (code !== undefined) cause.code = scrub(code, headers, body).slice(0, 100)
   cause.stack = `${cause.name}: ${message}`
   return cause
 }
 
-function scrub(text, headers) {
+function scrub(text, headers, body) {
   let out = String(text)
   const key = headers && headers['X-Api-Key']
   if (typeof key === 'string' && key.length > 0) out = out.split(key).join('[key]')
-  // A query: from a '?' to the next space, quote or bracket.
-  return out.replace(/\?[^\s'"`<>(){}\[\]]*/g, '')
+  // The request's body (the script, with the command's environment; an upload), as written
+  // and as JSON would quote it (not a body of a few bytes, such as the gate's).
+  if (body !== undefined && body.length >= 8) {
+    out = out.split(body).join('[body]')
+    const quoted = JSON.stringify(body).slice(1, -1)
+    if (quoted.length > 0) out = out.split(quoted).join('[body]')
+  }
+  return out
+    // Credentials in a URL.
+    .replace(/\/\/[^/\s@'"`]*@/g, '//')
+    // A query: from a '?' to the next space, quote or bracket.
+    .replace(/\?[^\s'"`<>(){}\[\]]*/g, '')
 }
 
 /** The cause for the call's error: the no-match error when there was one, else the last. */

@@ -290,8 +290,23 @@ describe('a vi.stubGlobal fetch', () => {
       },
     })
     const { error } = await failure(lib.execute(client({ cleanupDeadlineMs: 2000 }), params(), AbortSignal.timeout(6_000)))
+    expect(error.message).toBe('CreateOS process output connection failed.')
     expect(error.cause).toBeInstanceOf(Error)
     expect(error.cause.message).toBe(`test forgot to mock GET ${SB}/processes/proc-1/connect (key [key])`)
+    expectClean(error)
+  })
+
+  it("a request body in what the stub threw never reaches the cause; credentials in a URL neither", async () => {
+    const secret = 'env-secret-value-42'
+    const fx = createosFixture()
+    vi.stubGlobal('fetch', async (url, init) => {
+      if (init.method !== 'POST') return fx.fetch(url, init)
+      throw new Error(`refused ${init.method} https://user:pw@proxy.test/x?y=1 with ${init.body}`)
+    })
+    const { error } = await failure(lib.execute(client({ cleanupDeadlineMs: 1000 }), params({ env: { SECRET: secret } }), AbortSignal.timeout(6_000)))
+    expect(error.cause).toBeInstanceOf(Error)
+    expect(error.cause.message).toMatch(/^refused POST https:\/\/proxy\.test\/x with \[body\]$/)
+    for (const t of [error.message, error.stack, error.cause.message, error.cause.stack]) expect(t).not.toContain(secret)
     expectClean(error)
   })
 })
