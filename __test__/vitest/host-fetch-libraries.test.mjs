@@ -146,6 +146,16 @@ describe.each(Object.entries(LIBRARIES))('%s', (name, install) => {
     expectClean(error)
   })
 
+  it('a redirect answer to the creation is refused at once, never followed, never a cleanup error', async () => {
+    installed = install({ answers: { create: () => ({ status: 302, body: '', headers: { location: 'https://elsewhere.test/x' } }) } })
+    const { error, ms } = await failure(lib.execute(client(), params(), AbortSignal.timeout(30_000)))
+    expect(error).not.toBeInstanceOf(lib.CreateosCleanupError)
+    expect(error.message).toBe('CreateOS answered with a redirect, which is refused.')
+    expect(ms).toBeLessThan(1500)
+    expect(installed.seen).not.toContain('list')
+    expectClean(error)
+  })
+
   it.each([
     ['a control character', 'sk-\u0001-key'],
     ['DEL', 'sk-\u007f-key'],
