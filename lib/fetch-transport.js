@@ -277,7 +277,7 @@ function failure(error) {
       break
     }
     if (unmatchedEntry(name, code, message) !== undefined) return { error: 'unmatched' }
-    if (message === 'unexpected redirect' || message === 'redirect mode is set to error') return { error: 'redirect' }
+    if (message === 'unexpected redirect') return { error: 'redirect' }
     if (NOT_SENT.has(code)) return { error: 'not-sent' }
     if (UNTRUSTED.has(code)) return { error: 'untrusted' }
     const proxy = /^Proxy response \((\d{3})\) !== 200/.exec(message)
@@ -294,8 +294,8 @@ function failure(error) {
 // ---------------------------------------------------------------------------
 // The cause a host sees: what its fetch threw, as a new Error with the same name, code and
 // message, cleaned: the first line of the message only (nock and msw print the request's
-// headers and body below it), the API key and every URL query removed, at most 300
-// characters. For a no-match error the method and the URL (without its query) that had no
+// headers and body below it), the API key, the request's body, URL credentials and every URL
+// query removed, at most 300 characters. For a no-match error the method and the URL (without its query) that had no
 // mock are added, so the test's author knows which handler is missing.
 
 const MAX_CAUSE = 300
