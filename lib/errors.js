@@ -126,7 +126,7 @@ function isCreateosCleanupError(error) {
 // The plain errors a failed request can end in (their `cause` is the host's error); the others
 // (a protocol error, an evicted output) come from an answer, and get none.
 const FAILED_REQUEST = new Set([
-  'CREATEOS_FETCH_UNMATCHED', 'CREATEOS_NOT_STARTED', 'CREATEOS_TLS_UNTRUSTED',
+  CODES.fetchUnmatched, 'CREATEOS_NOT_STARTED', 'CREATEOS_TLS_UNTRUSTED',
   'CREATEOS_PROXY_REFUSED', 'CREATEOS_PROXY_UNREACHABLE',
 ])
 const FAILED_REQUEST_MESSAGES = new Set([
