@@ -72,7 +72,8 @@ export interface FetchCall {
 
 /**
  * The bridge's answer: for `fetch`, the head (`status`, `headers` as names and values in
- * turn) or `error` (`'not-sent' | 'lost' | 'redirect' | 'untrusted' | 'proxy-refused'`, with
+ * turn) or `error` (`'not-sent' | 'unmatched' | 'lost' | 'redirect' | 'untrusted' |
+ * 'proxy-refused'`, with
  * `status` for a proxy's refusal); for `read`, a `chunk`, or `done`, or `error: 'broken'`.
  */
 export interface FetchReply {

@@ -282,6 +282,7 @@ export type AttemptFailure =
   | `HTTP ${number}`
   | 'no response'
   | 'redirect refused'
+  | 'no mock answered'
   | 'deadline passed'
   | 'invalid answer'
   | 'failed'
@@ -410,6 +411,11 @@ export interface CreateosCodedError<C extends string> extends Error {
  * - `CREATEOS_PROXY_REFUSED`: the proxy refused the connection (e.g. `HTTP 407`); nothing
  *   reached CreateOS.
  * - `CREATEOS_PROXY_UNREACHABLE`: the proxy could not be reached; nothing reached CreateOS.
+ * - `CREATEOS_FETCH_UNMATCHED`: `CreateOS request was not sent: no mock of the host's fetch
+ *   answered the <operation> request.`; the host's fetch is an interception library's
+ *   (undici `MockAgent`, nock, msw with `onUnhandledRequest: 'error'`) and none of its mocks
+ *   matched: nothing was sent. `cause` is the library's error (its first line, without the
+ *   key or URL queries) followed by the method and URL that had no mock.
  * - `CREATEOS_NATIVE_MISSING`: thrown when the package is loaded without its platform package.
  * - `CREATEOS_ERROR`: protocol and connection failures (`CreateOS connection failed.`,
  *   `CreateOS process output has a sequence gap.`, …).
@@ -420,6 +426,7 @@ export type CreateosPlainErrorCode =
   | 'CREATEOS_NOT_STARTED'
   | 'CREATEOS_PROXY_REFUSED'
   | 'CREATEOS_PROXY_UNREACHABLE'
+  | 'CREATEOS_FETCH_UNMATCHED'
   | 'CREATEOS_NATIVE_MISSING'
   | 'CREATEOS_ERROR'
 
@@ -451,7 +458,7 @@ export interface RequestDiagnosticsMessage {
   method: 'GET' | 'POST' | 'PUT' | 'DELETE' | 'HEAD' | 'PATCH' | 'OTHER'
   /** The HTTP status; `null` when no answer arrived. */
   status: number | null
-  outcome: 'ok' | 'http error' | 'no response' | 'redirect refused' | 'untrusted certificate' | 'proxy refused' | 'proxy unreachable' | 'aborted' | 'failed'
+  outcome: 'ok' | 'http error' | 'no response' | 'redirect refused' | 'no mock answered' | 'untrusted certificate' | 'proxy refused' | 'proxy unreachable' | 'aborted' | 'failed'
   /** 1 for the first try, 2 for the first retry, … */
   attempt: number
   /** From handing the request over to the answer's head (or the failure), in ms. */

@@ -22,7 +22,7 @@ const { nativeParams, guardLog, requireString, requireId, requireFunction, NUL_I
 const { withCancel } = require('./lib/cancel.js')
 const { diagnosticsCallback, publishBackground } = require('./lib/diagnostics.js')
 const { processEvents } = require('./lib/frames.js')
-const { transportFor } = require('./lib/fetch-transport.js')
+const { transportFor, fetchFailure } = require('./lib/fetch-transport.js')
 
 // Warnings the core queues between calls (a shared pacing store that answers again, noticed by
 // its probe) reach the host when they happen, not only with the next call that settles.
@@ -36,7 +36,8 @@ async function execute(client, params, signal, log) {
   const onLog = guardLog(log)
   const onDiag = diagnosticsCallback()
   const transport = transportFor(c.transport)
-  const value = unwrap(await withCancel(signal, (handle) => native.executeNative(c, p, handle, onLog, onDiag, transport)))
+  const outcome = await withCancel(signal, (handle) => native.executeNative(c, p, handle, onLog, onDiag, transport))
+  const value = unwrap(outcome, fetchFailure(transport))
   // `containment` is session mode's (config.session); the default mode's metadata has none.
   if (value.metadata.containment == null) delete value.metadata.containment
   return value
@@ -48,7 +49,8 @@ async function executeStream(client, params, signal, log) {
   const onLog = guardLog(log)
   const onDiag = diagnosticsCallback()
   const transport = transportFor(c.transport)
-  return unwrap(await withCancel(signal, (handle) => native.executeStreamNative(c, p, handle, onLog, onDiag, transport)))
+  const outcome = await withCancel(signal, (handle) => native.executeStreamNative(c, p, handle, onLog, onDiag, transport))
+  return unwrap(outcome, fetchFailure(transport))
 }
 
 async function followProcess(client, sandboxId, processId, signal, onData, onConnected) {
@@ -95,7 +97,7 @@ async function followProcess(client, sandboxId, processId, signal, onData, onCon
     emitWarnings(outcome)
     throw signal.reason
   }
-  return unwrap(outcome)
+  return unwrap(outcome, fetchFailure(transport))
 }
 
 async function waitForRequest(apiUrl, signal) {
@@ -115,7 +117,7 @@ async function destroySandbox(client, sandboxId) {
   const c = nativeClient(client)
   requireId(sandboxId, 'sandboxId', 'sandbox')
   const transport = transportFor(c.transport)
-  return unwrap(await native.destroySandboxNative(c, sandboxId, diagnosticsCallback(), transport))
+  return unwrap(await native.destroySandboxNative(c, sandboxId, diagnosticsCallback(), transport), fetchFailure(transport))
 }
 
 function shellQuote(value) {

@@ -40,6 +40,20 @@ test('runs a command and returns stdout, stderr and the exit code', async () => 
   assert.equal(queryOf(ctx.requests()[firstConnect]).get('after'), '0')
 })
 
+test('cwd goes in the creation body as the TypeScript module sent it; a missing directory is still the script\'s exit', async () => {
+  const r = await execute(ctx.client(), { lease: { providerLeaseId: sandbox }, command: 'pwd', cwd: '/tmp' })
+  assert.equal(r.stdout, '/tmp\n')
+  // The emulator's process record echoes the body's cwd.
+  const c = ctx.client()
+  const url = `${c.config.apiUrl}/v1/sandboxes/${sandbox}/processes/${r.metadata.processId}`
+  const record = await (await fetch(url, { headers: { 'X-Api-Key': c.apiKey } })).json()
+  assert.equal(record.data.cwd, '/tmp')
+  // A directory that does not exist: the process still starts, and the script's `cd` reports it.
+  const missing = await execute(ctx.client(), { lease: { providerLeaseId: sandbox }, command: 'true', cwd: '/nonexistent-createos-cwd' })
+  assert.equal(missing.exitCode, 1)
+  assert.match(missing.stderr, /nonexistent-createos-cwd: No such file or directory/)
+})
+
 test('a command killed by a signal reports the signal name', async () => {
   const r = await execute(ctx.client(), bashParams(sandbox, 'kill -KILL $$'))
   assert.equal(r.exitCode, null)

@@ -256,6 +256,7 @@ async function branch(client: CreateosClientLike, sandboxId: string): Promise<st
       case "CREATEOS_TLS_UNTRUSTED":
       case "CREATEOS_PROXY_REFUSED":
       case "CREATEOS_PROXY_UNREACHABLE":
+      case "CREATEOS_FETCH_UNMATCHED":
       case "CREATEOS_NATIVE_MISSING":
       case "CREATEOS_ERROR":
         return error.message;

@@ -12,6 +12,7 @@ const CODES = Object.freeze({
   input: 'CREATEOS_INVALID_INPUT',
   cancelled: 'CREATEOS_CANCELLED',
   error: 'CREATEOS_ERROR',
+  fetchUnmatched: 'CREATEOS_FETCH_UNMATCHED',
 })
 
 const CLEANUP_BRAND = Symbol.for('createos-execute.CleanupError')
@@ -92,8 +93,8 @@ Object.defineProperty(CreateosInputError.prototype, 'name', {
 })
 
 /** An `Error` with one of this package's codes (the plain ones: cancelled, TLS, not started, …). */
-function codedError(message, code) {
-  const error = new Error(message)
+function codedError(message, code, cause) {
+  const error = cause === undefined ? new Error(message) : new Error(message, { cause })
   error.code = code
   return error
 }
@@ -118,14 +119,30 @@ function isCreateosCleanupError(error) {
 // ---------------------------------------------------------------------------
 // Native outcome → value or error
 
-function toError(e) {
+// `cause`: what the host's fetch threw (lib/fetch-transport.js, already cleaned of the key and
+// of URL queries), for the errors of a request that had no answer: a cleanup or destroy
+// that could not be proven, a connection failure, a forgotten mock. Never on an API error (its
+// status is the answer), an input error or a cancellation.
+// The plain errors a failed request can end in (their `cause` is the host's error); the others
+// (a protocol error, an evicted output) come from an answer, and get none.
+const FAILED_REQUEST = new Set([
+  CODES.fetchUnmatched, 'CREATEOS_NOT_STARTED', 'CREATEOS_TLS_UNTRUSTED',
+  'CREATEOS_PROXY_REFUSED', 'CREATEOS_PROXY_UNREACHABLE',
+])
+const FAILED_REQUEST_MESSAGES = new Set([
+  'CreateOS connection failed.', 'CreateOS process output connection failed.',
+  'CreateOS answered with a redirect, which is refused.',
+])
+
+function toError(e, cause) {
   const err = e && typeof e === 'object' ? e : { kind: 'error', message: 'CreateOS command failed.' }
   const message = typeof err.message === 'string' ? err.message : 'CreateOS command failed.'
+  const withCause = (opts) => (cause === undefined ? opts : { ...opts, cause })
   switch (err.kind) {
     case 'api':
       return new CreateosApiError(err.status, undefined, { message })
     case 'cleanup': {
-      const opts = {}
+      const opts = withCause({})
       if (err.reason !== undefined) opts.reason = err.reason
       if (err.sandboxId !== undefined) opts.sandboxId = err.sandboxId
       if (err.processId !== undefined) opts.processId = err.processId
@@ -133,11 +150,11 @@ function toError(e) {
       return new CreateosCleanupError(message, opts)
     }
     case 'destroy':
-      return new CreateosDestroyError(message, {
+      return new CreateosDestroyError(message, withCause({
         sandboxId: err.sandboxId,
         attempts: Array.isArray(err.attempts) ? err.attempts : [],
         status: typeof err.status === 'number' ? err.status : null,
-      })
+      }))
     case 'cancelled':
     case 'aborted':
       // 'aborted' is a TimeoutError abort on an entry point that has no timedOut
@@ -145,10 +162,13 @@ function toError(e) {
       return codedError(message, CODES.cancelled)
     case 'input':
       return new CreateosInputError(message)
-    default:
+    default: {
       // Errors with a code of their own: CREATEOS_TLS_UNTRUSTED, CREATEOS_NOT_STARTED,
-      // CREATEOS_PROXY_REFUSED, CREATEOS_PROXY_UNREACHABLE.
-      return codedError(message, typeof err.code === 'string' ? err.code : CODES.error)
+      // CREATEOS_PROXY_REFUSED, CREATEOS_PROXY_UNREACHABLE, CREATEOS_FETCH_UNMATCHED.
+      const code = typeof err.code === 'string' ? err.code : CODES.error
+      const failed = FAILED_REQUEST.has(code) || (code === CODES.error && FAILED_REQUEST_MESSAGES.has(message))
+      return codedError(message, code, failed ? cause : undefined)
+    }
   }
 }
 
@@ -169,10 +189,10 @@ function emitWarnings(outcome) {
   }
 }
 
-function unwrap(outcome) {
+function unwrap(outcome, cause) {
   emitWarnings(outcome)
   if (outcome && outcome.ok) return outcome.value
-  throw toError(outcome && outcome.error)
+  throw toError(outcome && outcome.error, cause)
 }
 
 /** True when a native outcome is a cancellation (the signal fired). */

@@ -77,7 +77,7 @@ function probeDispatcher(d) {
   const limit = Error.stackTraceLimit
   let files = []
   try {
-    Error.stackTraceLimit = 4
+    Error.stackTraceLimit = 16
     Error.prepareStackTrace = (_error, sites) => sites.map((site) => String(site.getFileName() || ''))
     try {
       d.dispatch({}, null)
@@ -91,7 +91,12 @@ function probeDispatcher(d) {
     Error.prepareStackTrace = prepare
     Error.stackTraceLimit = limit
   }
-  return files.length > 0 && files[0].startsWith('node:internal/deps/undici/')
+  // Every frame between the throw and this probe is Node's undici: a host's wrapper (a class
+  // named Agent whose dispatch logs, adds headers, then calls Node's own Agent) has a frame
+  // of its own in between, and is the host's.
+  const ours = files.indexOf(__filename)
+  if (ours <= 0) return false
+  return files.slice(0, ours).every((file) => file.startsWith('node:internal/deps/undici/'))
 }
 
 // ---------------------------------------------------------------------------
@@ -135,11 +140,13 @@ function transportFor(transport) {
 // One per call: the ids are the call's own.
 function makeBridge() {
   const exchanges = new Map()
-  return function transport(call) {
+  // What the host's fetch threw, cleaned (see `cause`), for the call's error.
+  const seen = { cause: undefined, unmatched: undefined }
+  const transport = function transport(call) {
     try {
       switch (call.op) {
         case 'fetch':
-          return start(exchanges, call)
+          return start(exchanges, call, seen)
         case 'read':
           return read(exchanges, call.id)
         default:
@@ -150,9 +157,13 @@ function makeBridge() {
       return Promise.resolve(call.op === 'fetch' ? { error: 'lost' } : BROKEN)
     }
   }
+  transport[SEEN] = seen
+  return transport
 }
 
-async function start(exchanges, call) {
+const SEEN = Symbol('createos-execute.fetchFailures')
+
+async function start(exchanges, call, seen) {
   const controller = new AbortController()
   const ex = { controller, reader: null, whole: null, queue: [], queued: 0, done: false, broken: false, waiter: null, pumping: false, cancelled: false, timer: null }
   exchanges.set(call.id, ex)
@@ -172,7 +183,14 @@ async function start(exchanges, call) {
   } catch (error) {
     clearTimeout(ex.timer)
     exchanges.delete(call.id)
-    return failure(error)
+    const reply = failure(error)
+    if (!ex.cancelled) {
+      // Rust cancelling the exchange (its deadline, the call's abort) is not the host's failure.
+      const cause = cleanCause(error, call, headers, reply.error === 'unmatched')
+      seen.cause = cause
+      if (reply.error === 'unmatched' && seen.unmatched === undefined) seen.unmatched = cause
+    }
+    return reply
   }
   clearTimeout(ex.timer)
   if (ex.cancelled || response === null || typeof response !== 'object' || !Number.isInteger(response.status)) {
@@ -204,20 +222,61 @@ function headerList(headers) {
   return out
 }
 
-// What a failed fetch means, in fixed words (never its message, which may hold the URL).
-const NOT_SENT = new Set(['ECONNREFUSED', 'ENOTFOUND', 'EAI_AGAIN', 'EAI_FAIL', 'EHOSTUNREACH', 'ENETUNREACH', 'EADDRNOTAVAIL', 'UND_ERR_CONNECT_TIMEOUT', 'ERR_NO_FETCH', 'ERR_INVALID_URL'])
+// What a failed fetch proves, in fixed words (never its message, which may hold the URL).
+//
+// The rule: a request through the host's fetch counts as never sent only where that is
+// proven. Here that is: there is no fetch at all, or an interception library said that none
+// of its mocks matched the request (the table below). Rust refused what it could before
+// calling fetch (a key no header can carry). Any other failure, an ECONNREFUSED included, may
+// follow a request that was sent: a host's retrying wrapper rejects with its last error,
+// which says nothing of the attempts before it. Those are 'lost' ("maybe sent").
+//
+// A certificate that did not verify and a proxy's refusal keep their own verdicts (their
+// errors name what the host must fix); a refused redirect is recognised in every form.
+
+// The no-match errors of the interception libraries hosts test with. One entry per library;
+// __test__/vitest/host-fetch-libraries.test.mjs runs each through the library itself.
+const UNMATCHED = Object.freeze([
+  // undici MockAgent (disableNetConnect, or no interceptor left): MockNotMatchedError, as
+  // the cause of fetch's TypeError('fetch failed').
+  { library: 'undici MockAgent', code: 'UND_MOCK_ERR_MOCK_NOT_MATCHED' },
+  // nock 14: an Error with this code, thrown by fetch itself.
+  { library: 'nock', code: 'ERR_NOCK_NO_MATCH' },
+  // msw 2 with onUnhandledRequest: 'error': an InternalError (no code) thrown by fetch.
+  { library: 'msw', name: 'InternalError', message: '[MSW] Cannot bypass a request when using the "error" strategy for the "onUnhandledRequest" option.' },
+])
+
+function unmatchedEntry(name, code, message) {
+  for (const entry of UNMATCHED) {
+    if (entry.code !== undefined && entry.code === code) return entry
+    if (entry.name !== undefined && entry.name === name && entry.message === message) return entry
+  }
+  return undefined
+}
+
+const NOT_SENT = new Set(['ERR_NO_FETCH'])
 const UNTRUSTED = new Set(['UNABLE_TO_VERIFY_LEAF_SIGNATURE', 'SELF_SIGNED_CERT_IN_CHAIN', 'DEPTH_ZERO_SELF_SIGNED_CERT', 'UNABLE_TO_GET_ISSUER_CERT', 'UNABLE_TO_GET_ISSUER_CERT_LOCALLY', 'CERT_HAS_EXPIRED', 'CERT_NOT_YET_VALID', 'CERT_UNTRUSTED', 'CERT_SIGNATURE_FAILURE', 'ERR_TLS_CERT_ALTNAME_INVALID'])
+const REDIRECT = /\bredirect\b/i
 function failure(error) {
   let e = error
-  for (let i = 0; i < 8 && e !== null && typeof e === 'object'; i++) {
+  for (let i = 0; i < 8 && e !== null && e !== undefined; i++) {
+    if (typeof e === 'string') {
+      // A cause that is only words (msw's refused redirect: cause 'unexpected redirect').
+      if (REDIRECT.test(e)) return { error: 'redirect' }
+      break
+    }
+    if (typeof e !== 'object' && typeof e !== 'function') break
     let code = ''
     let message = ''
+    let name = ''
     try {
       code = typeof e.code === 'string' ? e.code : ''
       message = typeof e.message === 'string' ? e.message : ''
+      name = typeof e.name === 'string' ? e.name : ''
     } catch {
       break
     }
+    if (unmatchedEntry(name, code, message) !== undefined) return { error: 'unmatched' }
     if (message === 'unexpected redirect') return { error: 'redirect' }
     if (NOT_SENT.has(code)) return { error: 'not-sent' }
     if (UNTRUSTED.has(code)) return { error: 'untrusted' }
@@ -230,6 +289,73 @@ function failure(error) {
     }
   }
   return { error: 'lost' }
+}
+
+// ---------------------------------------------------------------------------
+// The cause a host sees: what its fetch threw, as a new Error with the same name, code and
+// message, cleaned: the first line of the message only (nock and msw print the request's
+// headers and body below it), the API key, the request's body, URL credentials and every URL
+// query removed, at most 300 characters. For a no-match error the method and the URL (without its query) that had no
+// mock are added, so the test's author knows which handler is missing.
+
+const MAX_CAUSE = 300
+function cleanCause(error, call, headers, unmatched) {
+  let name = 'Error'
+  let code
+  let message = ''
+  try {
+    const e = error
+    if (e !== null && typeof e === 'object') {
+      if (typeof e.name === 'string') name = e.name
+      if (typeof e.code === 'string') code = e.code
+      if (typeof e.message === 'string') message = e.message
+      // fetch's own TypeError('fetch failed') says little: its cause says what happened.
+      const inner = e.cause
+      if (inner !== null && typeof inner === 'object' && typeof inner.message === 'string' && code === undefined) {
+        message = `${message}: ${inner.message}`
+        if (typeof inner.code === 'string') code = inner.code
+      } else if (typeof inner === 'string') {
+        message = `${message}: ${inner}`
+      }
+    } else {
+      message = String(e)
+    }
+  } catch {
+    message = ''
+  }
+  const body = typeof call.body === 'string' ? call.body : undefined
+  message = scrub(message.split('\n')[0], headers, body).slice(0, MAX_CAUSE)
+  if (unmatched) message = `${message} (${String(call.method)} ${scrub(String(call.url), headers)})`
+  const cause = new Error(message)
+  Object.defineProperty(cause, 'name', { value: scrub(name, headers, body).slice(0, 100), writable: true, configurable: true })
+  if (code !== undefined) cause.code = scrub(code, headers, body).slice(0, 100)
+  cause.stack = `${cause.name}: ${message}`
+  return cause
+}
+
+function scrub(text, headers, body) {
+  let out = String(text)
+  const key = headers && headers['X-Api-Key']
+  if (typeof key === 'string' && key.length > 0) out = out.split(key).join('[key]')
+  // The request's body (the script, with the command's environment; an upload), as written
+  // and as JSON would quote it (not a body of a few bytes, such as the gate's).
+  if (body !== undefined && body.length >= 8) {
+    out = out.split(body).join('[body]')
+    const quoted = JSON.stringify(body).slice(1, -1)
+    if (quoted.length > 0) out = out.split(quoted).join('[body]')
+  }
+  return out
+    // Credentials in a URL.
+    .replace(/\/\/[^/\s@'"`]*@/g, '//')
+    // A query: from a '?' to the next space, quote or bracket.
+    .replace(/\?[^\s'"`<>(){}\[\]]*/g, '')
+}
+
+/** The cause for the call's error: the no-match error when there was one, else the last. */
+function fetchFailure(transport) {
+  const seen = transport && transport[SEEN]
+  if (seen === undefined) return undefined
+  return seen.unmatched ?? seen.cause
 }
 
 function discard(response) {
@@ -295,15 +421,16 @@ function wake(ex) {
   if (w !== null && w()) ex.waiter = null
 }
 
+// Never rejects: whatever the host's body does (a read() that throws or resolves null, a
+// chunk that is not a Uint8Array), it is this exchange's stream error, never an unhandled
+// rejection of the host process.
 async function pump(ex) {
   if (ex.pumping || ex.done || ex.broken) return
   ex.pumping = true
   try {
     while (!ex.done && !ex.broken && !ex.cancelled && ex.queued < HIGH_WATER) {
-      let r
-      try {
-        r = await ex.reader.read()
-      } catch {
+      const r = await ex.reader.read()
+      if (r === null || typeof r !== 'object') {
         ex.broken = true
         break
       }
@@ -321,9 +448,15 @@ async function pump(ex) {
       }
       wake(ex)
     }
+  } catch {
+    ex.broken = true
   } finally {
     ex.pumping = false
-    wake(ex)
+    try {
+      wake(ex)
+    } catch {
+      ex.broken = true
+    }
   }
 }
 
@@ -367,4 +500,4 @@ function cancel(exchanges, id) {
   wake(ex)
 }
 
-module.exports = { transportFor, isNodeFetch, isNodeDispatcher, INVALID_TRANSPORT }
+module.exports = { transportFor, fetchFailure, isNodeFetch, isNodeDispatcher, INVALID_TRANSPORT, UNMATCHED }

@@ -617,7 +617,8 @@ pub struct FetchCall {
 }
 
 /// The bridge's answer: for `fetch`, the head (`status`, `headers` as names and values in
-/// turn) or `error` (`'not-sent' | 'lost' | 'redirect' | 'untrusted' | 'proxy-refused'`, with
+/// turn) or `error` (`'not-sent' | 'unmatched' | 'lost' | 'redirect' | 'untrusted' |
+/// 'proxy-refused'`, with
 /// `status` for a proxy's refusal); for `read`, a `chunk`, or `done`, or `error: 'broken'`.
 #[napi(object)]
 pub struct FetchReply {
@@ -672,6 +673,7 @@ fn send_error(kind: Option<&str>, status: Option<u32>) -> SendError {
         Some("redirect") => SendError::Redirect,
         Some("untrusted") => SendError::Untrusted,
         Some("proxy-refused") => SendError::ProxyRefused(status.and_then(|s| u16::try_from(s).ok())),
+        Some("unmatched") => SendError::Unmatched,
         _ => SendError::Lost,
     }
 }

@@ -148,6 +148,7 @@ fn outcome_of(e: &Error) -> String {
         Error::Api { status, .. } => format!("HTTP {status}"),
         Error::Connection { .. } => "no response".into(),
         Error::Redirect { .. } => "redirect refused".into(),
+        Error::Unmatched { .. } => "no mock answered".into(),
         Error::TimedOut => "deadline passed".into(),
         Error::Protocol(_) => "invalid answer".into(),
         _ => "failed".into(),
@@ -259,7 +260,7 @@ async fn terminate_unguarded(
                 steps.push("delete", Some(grace), outcome_of(&e));
                 return Err(());
             }
-            Err(e @ (Error::Api { status: 400..=499, .. } | Error::Redirect { .. }))
+            Err(e @ (Error::Api { status: 400..=499, .. } | Error::Redirect { .. } | Error::Unmatched { .. }))
                 if !matches!(e.status(), Some(408 | 409 | 429)) =>
             {
                 // A refusal that repeating cannot change (auth, validation).
@@ -722,7 +723,7 @@ pub async fn destroy_sandbox(client: &Client, sandbox_id: &str, ctx: &Ctx) -> Re
         }))
     };
     let final_refusal = |e: &Error| {
-        matches!(e, Error::Api { status: 400..=499, .. } | Error::Redirect { .. })
+        matches!(e, Error::Api { status: 400..=499, .. } | Error::Redirect { .. } | Error::Unmatched { .. })
             && !matches!(e.status(), Some(404 | 408 | 409 | 429))
     };
     let mut need_delete = true;

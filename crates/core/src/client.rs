@@ -117,7 +117,7 @@ impl Client {
         net_opts: &NetOptions,
     ) -> Result<Self> {
         let origin = api_origin(api_url)?;
-        if api_key.trim().is_empty() || api_key.contains(['\r', '\n', '\0']) {
+        if api_key.trim().is_empty() || !transport::key_is_sendable(api_key) {
             return Err(Error::Input(INVALID_KEY));
         }
         let target = url::Url::parse(&origin).map_err(|_| Error::Input(INVALID_URL))?;
@@ -187,6 +187,7 @@ impl Client {
             Err(Error::Api { status, .. }) => (Some(*status), "http error"),
             Err(Error::Connection { .. }) => (None, "no response"),
             Err(Error::Redirect { .. }) => (None, "redirect refused"),
+            Err(Error::Unmatched { .. }) => (None, "no mock answered"),
             Err(Error::UntrustedCertificate { .. }) => (None, "untrusted certificate"),
             Err(Error::ProxyRefused { .. }) => (None, "proxy refused"),
             Err(Error::ProxyUnreachable { .. }) => (None, "proxy unreachable"),
@@ -326,6 +327,7 @@ impl Client {
                 Err(Error::Connection { maybe_sent, .. }) => *maybe_sent,
                 Err(
                     Error::Redirect { .. }
+                    | Error::Unmatched { .. }
                     | Error::Input(_)
                     | Error::Internal(_)
                     | Error::UntrustedCertificate { .. }
@@ -673,6 +675,7 @@ pub fn never_applied(err: &Error) -> bool {
             | Error::ProxyRefused { .. }
             | Error::ProxyUnreachable { .. }
             | Error::UntrustedCertificate { .. }
+            | Error::Unmatched { .. }
             | Error::Input(_)
     )
 }
@@ -685,6 +688,7 @@ fn may_have_applied(err: &Error) -> bool {
         | Error::ProxyRefused { .. }
         | Error::ProxyUnreachable { .. }
         | Error::Redirect { .. }
+        | Error::Unmatched { .. }
         | Error::Input(_)
         | Error::Internal(_) => false,
         _ => true,
@@ -701,6 +705,7 @@ fn send_error(e: SendError, op: Operation) -> Error {
         SendError::Untrusted => Error::UntrustedCertificate { op },
         SendError::Redirect => Error::Redirect { op },
         SendError::BadKey => Error::Input(INVALID_KEY),
+        SendError::Unmatched => Error::Unmatched { op },
         SendError::NotSent => Error::Connection { op, maybe_sent: false },
         SendError::Lost => Error::Connection { op, maybe_sent: true },
     }

@@ -135,6 +135,11 @@ pub enum Error {
     /// A 3xx answer. Redirects are refused, never followed.
     #[error("CreateOS answered with a redirect, which is refused.")]
     Redirect { op: Operation },
+    /// The host's fetch is an interception library's (undici `MockAgent`, nock, msw) and no
+    /// mock matched the request: nothing was sent (the JS edge keeps the library's error as
+    /// the `cause`, cleaned of the key and of URL queries).
+    #[error("CreateOS request was not sent: no mock of the host's fetch answered the {op} request.")]
+    Unmatched { op: Operation },
     /// The answer or the stream broke the protocol (fixed messages, see `stream.rs`).
     #[error("{0}")]
     Protocol(&'static str),
@@ -193,6 +198,7 @@ impl Error {
             Error::NotStarted => Some("CREATEOS_NOT_STARTED"),
             Error::ProxyRefused { .. } => Some("CREATEOS_PROXY_REFUSED"),
             Error::ProxyUnreachable { .. } => Some("CREATEOS_PROXY_UNREACHABLE"),
+            Error::Unmatched { .. } => Some("CREATEOS_FETCH_UNMATCHED"),
             _ => None,
         }
     }
@@ -231,6 +237,12 @@ mod tests {
         assert_eq!(Error::ProxyRefused { op, status: None }.to_string(), PROXY_REFUSED);
         assert_eq!(Error::ProxyUnreachable { op }.to_string(), PROXY_UNREACHABLE);
         assert_eq!(Error::ProxyUnreachable { op }.code(), Some("CREATEOS_PROXY_UNREACHABLE"));
+        let e = Error::Unmatched { op };
+        assert_eq!(
+            e.to_string(),
+            "CreateOS request was not sent: no mock of the host's fetch answered the process creation request."
+        );
+        assert_eq!(e.code(), Some("CREATEOS_FETCH_UNMATCHED"));
         let destroy = |status| {
             Error::DestroyUnconfirmed(Box::new(DestroyReport { sandbox_id: "sb".into(), attempts: vec![], status }))
         };

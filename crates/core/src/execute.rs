@@ -205,6 +205,18 @@ impl Scripts<'_> {
     }
 }
 
+/// The creation's body, as the TypeScript module sent it: `cwd` rides along when it is
+/// absolute (the script still `cd`s there, so where the command runs is the script's word).
+/// A relative `cwd` is only in the script: the server would resolve it first and the
+/// script's `cd` would then apply it a second time.
+fn creation_body(script: String, cwd: Option<&str>) -> Value {
+    let mut body = json!({ "cmd": "/bin/bash", "args": ["-lc", script] });
+    if let Some(cwd) = cwd.filter(|c| c.starts_with('/')) {
+        body["cwd"] = Value::from(cwd);
+    }
+    body
+}
+
 /// A cleanup context whose deadline counts from `began` (the abort, or the error). A run that
 /// took most of that time to stop after the abort still leaves the cleanup [`CLEANUP_FLOOR`]
 /// (or the whole deadline, when shorter) to send its requests: an unproven verdict is never
@@ -254,7 +266,7 @@ async fn run_managed(
     let attempt = AtomicU32::new(1);
     let create = async {
         let started = Instant::now();
-        let body_for = |n| scripts.attempt(n).map(|s| json!({ "cmd": "/bin/bash", "args": ["-lc", s] }));
+        let body_for = |n| scripts.attempt(n).map(|s| creation_body(s, scripts.cmd.cwd));
         let r = create_with_recovery(client, cfg, sb, scripts.gate_path, &body_for, &attempt, ctx).await;
         (r, started.elapsed())
     };
@@ -457,6 +469,8 @@ async fn open_gate<G: std::future::Future<Output = HeldUpload>>(
     match (result, maybe_written) {
         (Ok(()), _) => Ok(()),
         (Err(e), _) if ctx.abort.is_aborted() => Err(e),
+        // No mock of the host's fetch answered the gate: that error names what to fix.
+        (Err(e @ Error::Unmatched { .. }), false) => Err(e),
         (Err(_), false) => Err(Error::NotStarted),
         // The gate's deadline passed with an upload on the wire: its fate is unknown.
         (Err(Error::TimedOut), true) => Err(Error::Connection { op: Operation::FileTransfer, maybe_sent: true }),
@@ -622,4 +636,18 @@ pub async fn destroy_sandbox(cfg: &Config, sandbox_id: &str) -> Result<()> {
 pub async fn wait_for_request(api_url: &str, pacing: &pacer::PacingConfig, abort: Abort) -> Result<()> {
     let origin = client::api_origin(api_url)?;
     pacer::for_budget(&origin, pacing).acquire(&Ctx::new(abort)).await
+}
+
+#[cfg(test)]
+mod tests {
+    use super::creation_body;
+    use serde_json::json;
+
+    #[test]
+    fn the_creation_body_carries_an_absolute_cwd_as_the_typescript_module_did() {
+        let body = creation_body("s".into(), Some("/work dir"));
+        assert_eq!(body, json!({ "cmd": "/bin/bash", "args": ["-lc", "s"], "cwd": "/work dir" }));
+        assert_eq!(creation_body("s".into(), None), json!({ "cmd": "/bin/bash", "args": ["-lc", "s"] }));
+        assert_eq!(creation_body("s".into(), Some("sub")), json!({ "cmd": "/bin/bash", "args": ["-lc", "s"] }));
+    }
 }

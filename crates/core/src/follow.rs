@@ -272,7 +272,13 @@ async fn connect_once(
         }
         Err(Error::Api { status: 410, .. }) => Err(Error::Protocol(stream::OUTPUT_EVICTED)),
         Err(e @ Error::Api { status, .. }) if status < 500 && status != 429 => Err(e),
-        Err(e @ (Error::Redirect { .. } | Error::Cancelled | Error::TimedOut | Error::Input(_))) => Err(e),
+        Err(
+            e @ (Error::Redirect { .. }
+            | Error::Unmatched { .. }
+            | Error::Cancelled
+            | Error::TimedOut
+            | Error::Input(_)),
+        ) => Err(e),
         Err(_) => Ok(Attempt::NotOpened),
     }
 }

@@ -48,6 +48,17 @@ pub enum SendError {
     ProxyUnreachable,
     /// The key cannot be sent as a header value.
     BadKey,
+    /// The host's fetch is an interception library's (undici `MockAgent`, nock, msw) and it
+    /// said that no mock matched the request: nothing was sent.
+    Unmatched,
+}
+
+/// Whether an API key can be a header value by the rules Node's `Headers` (and undici under
+/// it) applies: every character a tab, a visible ASCII character, a space, or one of
+/// U+0080..=U+00FF (a byte). Both transports refuse the others the same way, before anything
+/// is sent (natively the HTTP stack would refuse a control character or DEL too).
+pub fn key_is_sendable(key: &str) -> bool {
+    key.chars().all(|c| matches!(c, '\t' | ' '..='~' | '\u{80}'..='\u{ff}'))
 }
 
 /// A request body, as the TypeScript module sent it: JSON as text, uploads as their content.
@@ -150,7 +161,7 @@ impl Transport {
 
 fn host_request(req: Request<'_>) -> Result<HostRequest, SendError> {
     let key = req.key.expose_secret();
-    if key.contains(['\r', '\n', '\0']) {
+    if !key_is_sendable(key) {
         return Err(SendError::BadKey);
     }
     let mut headers = Vec::with_capacity(2);
@@ -183,6 +194,9 @@ fn text_or_bytes(b: Bytes) -> HostBody {
 }
 
 async fn send_native(http: &reqwest::Client, req: Request<'_>) -> Result<Response, SendError> {
+    if !key_is_sendable(req.key.expose_secret()) {
+        return Err(SendError::BadKey);
+    }
     let mut key = HeaderValue::from_str(req.key.expose_secret()).map_err(|_| SendError::BadKey)?;
     key.set_sensitive(true);
     let mut r = http.request(req.method.clone(), req.url).header("X-Api-Key", key);
@@ -319,7 +333,13 @@ mod tests {
 
     #[test]
     fn a_key_that_cannot_be_a_header_is_refused_before_the_host_sees_it() {
-        let key = SecretString::from("a\nb".to_owned());
-        assert!(matches!(host_request(request(&Method::GET, &key, Payload::Empty)), Err(SendError::BadKey)));
+        for bad in ["a\nb", "a\rb", "a\0b", "a\u{1}b", "a\u{7f}b", "a\u{100}b", "a\u{1b}b"] {
+            let key = SecretString::from(bad.to_owned());
+            assert!(!key_is_sendable(bad), "{bad:?}");
+            assert!(matches!(host_request(request(&Method::GET, &key, Payload::Empty)), Err(SendError::BadKey)));
+        }
+        for good in ["sk-1", "a b\tc", "caf\u{e9}"] {
+            assert!(key_is_sendable(good), "{good:?}");
+        }
     }
 }

@@ -20,6 +20,8 @@
 //! * Absolute paths are **host** paths (identity mapping). The one rewrite: a path equal to
 //!   `/workspace` or starting with `/workspace/` is mapped onto the sandbox's workspace dir, both
 //!   in the files API and in a process `cwd`. A relative `cwd` is resolved against the workspace.
+//!   A managed process whose `cwd` is not a directory starts in the workspace (the client's
+//!   script `cd`s there itself and reports a missing directory as its exit).
 //! * Where the emulator runs as root ([`Emulator::workspace_mounted`]), every tree also runs in a
 //!   private mount namespace with its sandbox's workspace bind-mounted on `/workspace`, so
 //!   `cd /workspace` and paths under it work in the command itself, as on the real API (the

@@ -510,6 +510,10 @@ pub(crate) fn start_process(
     env: &HashMap<String, String>,
 ) -> Result<Arc<Proc>, String> {
     let cwd = sb.cwd_path(cwd_req).map_err(ToString::to_string)?;
+    // A `cwd` that is not a directory here (yet, or only inside the command's own view) is
+    // not a refusal: the process starts in the workspace, and a command that needs that
+    // directory says so itself (the client's script `cd`s there and reports a failure).
+    let cwd = if cwd.is_dir() { cwd } else { sb.workspace.clone() };
     let id = new_hex_id("proc_");
     let (mut child, marker) = spawn_marked(
         inner,
