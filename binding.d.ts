@@ -169,7 +169,20 @@ export interface NativeTerminationReceipt {
 export interface NativeWarning {
   code: string
   message: string
+  /**
+   * The sandbox it is about, when it is about one (a session supervisor whose end could
+   * not be proven: destroy that sandbox).
+   */
+  sandboxId?: string
 }
+
+/**
+ * Registers the function that publishes the events of work no call owns (a session
+ * supervisor's stream and its end) on `diagnostics_channel`, as `onDiag` does for a call's
+ * (the last registration wins). Weak, and called without waiting: it never keeps Node alive
+ * or slows the work.
+ */
+export declare function setDiagnosticsListener(onDiag: (channel: string, event: object) => void): void
 
 /**
  * Hands over Node's proxy switch of this process's command line (`--use-env-proxy` is

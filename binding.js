@@ -841,6 +841,7 @@ module.exports.endInFlightCalls = nativeBinding.endInFlightCalls
 module.exports.executeNative = nativeBinding.executeNative
 module.exports.executeStreamNative = nativeBinding.executeStreamNative
 module.exports.followProcessNative = nativeBinding.followProcessNative
+module.exports.setDiagnosticsListener = nativeBinding.setDiagnosticsListener
 module.exports.setExecArgvEnvProxy = nativeBinding.setExecArgvEnvProxy
 module.exports.setWarningListener = nativeBinding.setWarningListener
 module.exports.shellQuote = nativeBinding.shellQuote
