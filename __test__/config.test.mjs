@@ -107,7 +107,7 @@ test('CONFIG_FIELDS in lib/config.js lists every field the native config reads',
     .matchAll(/'([A-Za-z_]+)'/g)].map((m) => m[1]))
   // Top-level keys of the client object (`m`); the command's fields are parsed from params,
   // and pacingStoreDefault comes from the environment only.
-  const notConfig = new Set(['args', 'command', 'cwd', 'env', 'stdin', 'pacingStoreDefault'])
+  const notConfig = new Set(['args', 'command', 'cwd', 'env', 'stdin', 'bypassSession', 'pacingStoreDefault'])
   const read = [...new Set([...rust.matchAll(/opt\(m, "([A-Za-z_]+)"\)/g)].map((m) => m[1]))].filter((k) => !notConfig.has(k))
   assert.ok(read.length >= 10, read.join(','))
   assert.deepEqual(read.filter((k) => !listed.has(k)), [])
@@ -118,7 +118,7 @@ test('the JS checks use the native checks\' texts (one wording whichever layer r
   const { createRequire } = await import('node:module')
   const { ROOT } = await import('./helpers.mjs')
   const { MESSAGES } = createRequire(import.meta.url)('../lib/config.js')
-  const rust = ['config.rs', 'net.rs', 'client.rs', 'session.rs'].map((f) => readFileSync(`${ROOT}/crates/core/src/${f}`, 'utf8')).join('\n')
+  const rust = ['config.rs', 'net.rs', 'client.rs'].map((f) => readFileSync(`${ROOT}/crates/core/src/${f}`, 'utf8')).join('\n')
   const texts = new Set([...rust.matchAll(/pub const [A-Z_]+: &str =\s*"((?:[^"\\]|\\.)*)";/g)].map((m) => m[1].replace(/\\"/g, '"')))
   // The JS text says more than the native one: the entry limit (the native check has it too).
   // `transport` is decided in JS only (lib/fetch-transport.js): no native text to match.

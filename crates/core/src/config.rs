@@ -58,8 +58,8 @@ pub fn parse_session(v: Option<&Value>) -> Result<Option<SessionOptions>> {
     match v {
         None | Some(Value::Bool(false)) => Ok(None),
         Some(Value::Bool(true)) => Ok(Some(SessionOptions { idle: DEFAULT_SESSION_IDLE })),
-        Some(Value::Object(m)) => {
-            let idle = match opt(m, "idleMs") {
+        Some(Value::Object(o)) => {
+            let idle = match opt(o, "idleMs") {
                 None => DEFAULT_SESSION_IDLE,
                 Some(i) => {
                     Duration::from_millis(integer(i, 1000, 3_600_000).ok_or(Error::Input(INVALID_SESSION_IDLE))?)
