@@ -217,6 +217,7 @@ async fn run_one(
             }
             Some(Event::Exit) => return Ran::Doubt(Error::Protocol(SUPERVISOR_ENDED)),
             Some(Event::Failed(m)) => return Ran::Doubt(Error::Protocol(m)),
+            Some(Event::Panicked) => return Ran::Doubt(Error::Internal(PANIC)),
             None => return Ran::Doubt(Error::Protocol(follow::CONNECTION_FAILED)),
         }
     }

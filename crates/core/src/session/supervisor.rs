@@ -30,6 +30,8 @@ pub(super) enum Event {
     Exit,
     /// The stream failed closed (a gap, an eviction, an error frame, no connection).
     Failed(&'static str),
+    /// The reader panicked: an internal error, as a panic of the default mode's follow is.
+    Panicked,
 }
 
 /// Ends a task when dropped.
@@ -136,7 +138,7 @@ impl Supervisor {
                         match self.rx.recv().await {
                             Some(Event::Data(..)) => {}
                             Some(Event::Exit) => return Ok(true),
-                            Some(Event::Failed(_)) | None => return Ok(false),
+                            Some(Event::Failed(_) | Event::Panicked) | None => return Ok(false),
                         }
                     }
                 })
@@ -204,7 +206,12 @@ pub(super) async fn create(cfg: &Config, call: &Client, sb: &str, ctx: &Ctx, set
     let seen_alive = Arc::new(AtomicBool::new(false));
     let (tx, rx) = mpsc::channel(32);
     let base = format!("/sandboxes/{sb}/processes/{pid}");
-    let reader = tokio::spawn(read_loop(Arc::clone(&own), base, tx, cfg.follow.clone(), Arc::clone(&seen_alive)));
+    let reading = read_loop(Arc::clone(&own), base, tx.clone(), cfg.follow.clone(), Arc::clone(&seen_alive));
+    let reader = tokio::spawn(async move {
+        if AssertUnwindSafe(reading).catch_unwind().await.is_err() {
+            let _ = tx.send(Event::Panicked).await;
+        }
+    });
     Ok(Supervisor {
         generation: GENERATION.fetch_add(1, Ordering::Relaxed),
         epoch: 0,
