@@ -43,7 +43,7 @@ const DEMO_MS = 3 * 60_000
 const say = (line) => process.stdout.write(`test:arm64: ${line}\n`)
 
 /** The pinned arm64 node, unpacked from its npm package once into the cache. */
-function pinnedNode() {
+export function pinnedNode() {
   const cache = process.env.CREATEOS_NODE_CACHE
     || join(process.env.XDG_CACHE_HOME || join(homedir(), '.cache'), 'createos-execute', 'node')
   const dir = join(cache, `linux-arm64-${NODE_ARM64_VERSION}`)
