@@ -90,10 +90,14 @@ export function pinnedNode() {
   return bin
 }
 
+// The process group of the file running now, ended with this script on SIGINT or SIGTERM.
+let current = null
+
 /** Runs `bin args` in its own process group, killed whole after `ms`; resolves its exit status. */
 function run(bin, args, ms, options = {}) {
   return new Promise((resolve) => {
     const child = spawn(bin, args, { cwd: ROOT, stdio: options.stdio ?? 'inherit', detached: true, env: options.env ?? process.env })
+    current = child.pid
     let out = ''
     child.stdout?.on('data', (d) => { out += d; process.stdout.write(d) })
     const timer = setTimeout(() => {
@@ -102,6 +106,7 @@ function run(bin, args, ms, options = {}) {
     }, ms)
     child.on('exit', (code, signal) => {
       clearTimeout(timer)
+      current = null
       // What a killed runner left behind in its group.
       try { process.kill(-child.pid, 'SIGKILL') } catch {}
       resolve({ status: signal ? 1 : code, out })
@@ -136,7 +141,13 @@ async function main() {
     if (binfmt) spawnSync('bash', [join(ROOT, 'scripts', 'qemu-binfmt.sh'), 'down'], { stdio: 'inherit', timeout: 60_000 })
     binfmt = false
   }
-  for (const signal of ['SIGINT', 'SIGTERM']) process.once(signal, () => { down(); process.exit(1) })
+  for (const signal of ['SIGINT', 'SIGTERM']) {
+    process.once(signal, () => {
+      if (current) try { process.kill(-current, 'SIGTERM') } catch {}
+      down()
+      process.exit(1)
+    })
+  }
 
   try {
     const version = spawnSync(node, ['--version'], { encoding: 'utf8', timeout: 60_000 }).stdout.trim()
