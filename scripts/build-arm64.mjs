@@ -67,7 +67,8 @@ function isAarch64Elf(file) {
 
 function napiBuild(cwd, binaryName, env) {
   const args = [NAPI, 'build', '--platform', '--release', '--target', TARGET, '--no-js',
-    '--dts', join(TARGET_DIR, `${binaryName}.d.ts`)]
+    // napi takes --dts relative to the crate's directory, even an absolute one
+    '--dts', relative(cwd, join(TARGET_DIR, `${binaryName}.d.ts`))]
   return new Promise((resolve) => {
     const child = spawn(process.execPath, args, { cwd, env, stdio: 'inherit' })
     const timer = setTimeout(() => {
