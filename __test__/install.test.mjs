@@ -6,19 +6,35 @@
 // type-checks, compiles and runs examples/first-host.ts and a second host file. Without the
 // platform packages, loading fails with a code and the package to install, and
 // `createos-exec` prints one line and exits 1.
+// linux-arm64: `pack:local --target aarch64-unknown-linux-gnu` packs what `npm run build:arm64`
+// built; an arm64 npm (the pinned arm64 node under qemu, so npm sees an arm64 machine) installs
+// the tarballs into the same kind of host, and the arm64 node runs its first example. Skipped,
+// with the reason, without the arm64 addons or qemu; CREATEOS_EXPECT_ARM64=1 (.ci/run's arm64
+// leg) turns that skip into a failure.
 import { test, before, after } from 'node:test'
 import assert from 'node:assert/strict'
 import { execFileSync, spawnSync } from 'node:child_process'
-import { cpSync, existsSync, mkdirSync, mkdtempSync, readFileSync, readdirSync, rmSync, writeFileSync } from 'node:fs'
+import { cpSync, existsSync, mkdirSync, mkdtempSync, readFileSync, readdirSync, realpathSync, rmSync, writeFileSync } from 'node:fs'
 import { tmpdir } from 'node:os'
 import { join } from 'node:path'
 import { ROOT } from './helpers.mjs'
+import { pinnedNode } from '../scripts/test-arm64.mjs'
 
 const MAIN_NODE = join(ROOT, 'createos-execute.linux-x64-gnu.node')
 const EMU_NODE = join(ROOT, 'emulator', 'createos-execute-emulator.linux-x64-gnu.node')
 const supported = process.platform === 'linux' && process.arch === 'x64' && existsSync(MAIN_NODE) && existsSync(EMU_NODE)
 const skip = supported ? false : 'needs linux-x64 and the built addons (npm run build:test, npm run build:emulator)'
 const TSC = join(ROOT, 'node_modules', 'typescript', 'bin', 'tsc')
+
+const ARM64_MAIN_NODE = join(ROOT, 'createos-execute.linux-arm64-gnu.node')
+const ARM64_EMU_NODE = join(ROOT, 'emulator', 'createos-execute-emulator.linux-arm64-gnu.node')
+const QEMU = '/usr/bin/qemu-aarch64-static'
+const arm64Reason = process.platform !== 'linux' || process.arch !== 'x64' ? 'runs arm64 under qemu on an x64 Linux machine'
+  : !existsSync(ARM64_MAIN_NODE) || !existsSync(ARM64_EMU_NODE) ? 'the arm64 addons are not built (npm run build:arm64)'
+    : !existsSync(QEMU) ? 'qemu-aarch64-static is missing (npm run provision:arm64)'
+      : null
+const expectArm64 = process.env.CREATEOS_EXPECT_ARM64 === '1'
+const skipArm64 = expectArm64 ? false : arm64Reason ?? false
 
 // napi's platform names of the Rust targets (`napi pre-publish` names the packages so).
 const PLATFORM = {
@@ -84,8 +100,14 @@ test('every napi target has a platform package manifest at the version; pack:loc
   }
   const root = tarManifest(tarballs.main)
   assert.deepEqual(root.optionalDependencies, { 'createos-execute-linux-x64-gnu': root.version })
-  assert.equal(root.devDependencies, undefined)
-  assert.deepEqual(tarManifest(tarballs.emulator).optionalDependencies, { 'createos-execute-emulator-linux-x64-gnu': root.version })
+  const emulatorRoot = tarManifest(tarballs.emulator)
+  assert.deepEqual(emulatorRoot.optionalDependencies, { 'createos-execute-emulator-linux-x64-gnu': root.version })
+  // What an installed package uses, nothing of the checkout's tooling.
+  for (const m of [root, emulatorRoot, tarManifest(tarballs.platform), tarManifest(tarballs.emulatorPlatform)]) {
+    assert.equal(m.scripts, undefined, m.name)
+    assert.equal(m.devDependencies, undefined, m.name)
+    assert.equal(m.workspaces, undefined, m.name)
+  }
   const platform = tarManifest(tarballs.platform)
   assert.equal(platform.name, 'createos-execute-linux-x64-gnu')
   assert.equal(platform.main, 'createos-execute.linux-x64-gnu.node')
@@ -204,4 +226,47 @@ console.log(JSON.stringify(out))`)
   const lines = cli.stderr.trimEnd().split('\n')
   assert.equal(lines.length, 1, cli.stderr)
   assert.match(lines[0], /^createos-exec: createos-execute: no native binary for linux-x64-gnu .*createos-execute-linux-x64-gnu/)
+})
+
+test('linux-arm64: pack:local --target packs the arm64 pair; an arm64 npm installs them into a strict TypeScript host and the first example runs under qemu', { skip: skipArm64, timeout: 900_000 }, () => {
+  if (arm64Reason) assert.fail(`CREATEOS_EXPECT_ARM64=1, but ${arm64Reason}`)
+  // The x64 cases' before() made these, unless they are skipped (no x64 build).
+  work ??= mkdtempSync(join(tmpdir(), 'createos-install-'))
+  cache ??= join(work, 'npm-cache')
+  const out = execFileSync('npm', ['run', '--silent', 'pack:local', '--', '--out', join(work, 'packed-arm64'), '--target', 'aarch64-unknown-linux-gnu', '--json'], {
+    cwd: ROOT, encoding: 'utf8', env: { ...process.env, npm_config_update_notifier: 'false' },
+  })
+  const packed = JSON.parse(out.trim().split('\n').pop())
+  const root = tarManifest(packed.main.root)
+  assert.deepEqual(root.optionalDependencies, { 'createos-execute-linux-arm64-gnu': root.version })
+  assert.deepEqual(tarManifest(packed.emulator.root).optionalDependencies, { 'createos-execute-emulator-linux-arm64-gnu': root.version })
+  for (const [tarball, name] of [[packed.main.platform, 'createos-execute'], [packed.emulator.platform, 'createos-execute-emulator']]) {
+    const m = tarManifest(tarball)
+    assert.equal(m.name, `${name}-linux-arm64-gnu`)
+    assert.equal(m.main, `${name}.linux-arm64-gnu.node`)
+    assert.deepEqual(m.cpu, ['arm64'])
+    assert.equal(m.scripts, undefined)
+  }
+
+  // npm itself on the arm64 node, so its platform checks see an arm64 machine.
+  const node = pinnedNode()
+  const npmCli = realpathSync(execFileSync('sh', ['-c', 'command -v npm'], { encoding: 'utf8' }).trim())
+  const npmArm64 = (args, cwd) => execFileSync(QEMU, [node, npmCli,
+    ...args, '--no-audit', '--no-fund', '--loglevel=error', '--offline', `--cache=${cache}`, '--registry=http://127.0.0.1:9/',
+  ], { cwd, encoding: 'utf8', timeout: 300_000, env: { ...process.env, npm_config_update_notifier: 'false' } })
+  const dir = project('host-arm64')
+  npmArm64(['install', packed.main.root, packed.main.platform], dir)
+  npmArm64(['install', '--save-dev', packed.emulator.root, packed.emulator.platform], dir)
+  rmSync(join(dir, 'node_modules'), { recursive: true, force: true })
+  npmArm64(['ci'], dir)
+  assert.ok(existsSync(join(dir, 'node_modules', 'createos-execute-linux-arm64-gnu', 'createos-execute.linux-arm64-gnu.node')))
+  assert.ok(existsSync(join(dir, 'node_modules', 'createos-execute-emulator-linux-arm64-gnu', 'createos-execute-emulator.linux-arm64-gnu.node')))
+  assert.equal(existsSync(join(dir, 'node_modules', 'createos-execute-linux-x64-gnu')), false)
+
+  cpSync(join(ROOT, 'examples', 'first-host.ts'), join(dir, 'src', 'first-host.ts'))
+  execFileSync(process.execPath, [TSC, '-p', dir], { cwd: dir, encoding: 'utf8' })
+  const example = spawnSync(QEMU, [node, join(dir, 'dist', 'first-host.js')], { cwd: dir, encoding: 'utf8', timeout: 180_000 })
+  assert.equal(example.status, 0, `${example.stderr}${example.error ?? ''}`)
+  assert.match(example.stdout, /^hello\n/)
+  assert.match(example.stdout, /timed out: true/)
 })

@@ -1,6 +1,8 @@
-// `npm run pack:local [-- --out DIR] [--no-emulator] [--json]`: installable tarballs from a
-// checkout, for this machine's platform, with the binaries built here (`npm run build`, and
-// `npm run build:emulator` for the emulator pair):
+// `npm run pack:local [-- --out DIR] [--target TRIPLE] [--no-emulator] [--json]`: installable
+// tarballs from a checkout, for this machine's platform, with the binaries built here
+// (`npm run build`, and `npm run build:emulator` for the emulator pair); with `--target`, for
+// that Rust target's platform instead (`--target aarch64-unknown-linux-gnu` packs what
+// `npm run build:arm64` built: linux-arm64-gnu):
 //   createos-execute-<version>.tgz                      the root package, shaped as published
 //   createos-execute-<platform>-<version>.tgz           its platform package (the .node)
 //   createos-execute-emulator-<version>.tgz             the emulator, likewise (Linux only)
@@ -10,7 +12,9 @@
 // platform tarball together satisfies that dependency from the tarball, so
 //   npm install ./createos-execute-0.1.0.tgz ./createos-execute-linux-x64-gnu-0.1.0.tgz
 // works offline, and so does a later `npm ci` from its lockfile (a Docker build, CI).
-// DIR defaults to the current directory.
+// DIR defaults to the current directory. The packed root manifests carry what an installed
+// package uses: no `scripts`, `devDependencies` or `workspaces` (the platform packages'
+// manifests, npm/<platform>/package.json, have none).
 import { execFileSync } from 'node:child_process'
 import { cpSync, existsSync, mkdirSync, mkdtempSync, readFileSync, rmSync, writeFileSync } from 'node:fs'
 import { createRequire } from 'node:module'
@@ -34,7 +38,7 @@ const PLATFORM = {
 }
 
 function usage(message) {
-  process.stderr.write(`pack:local: ${message}\nusage: npm run pack:local -- [--out DIR] [--no-emulator] [--json]\n`)
+  process.stderr.write(`pack:local: ${message}\nusage: npm run pack:local -- [--out DIR] [--target TRIPLE] [--no-emulator] [--json]\n`)
   process.exit(2)
 }
 
@@ -42,10 +46,16 @@ const args = process.argv.slice(2)
 let out = process.env.INIT_CWD || process.cwd() // npm run sets INIT_CWD to where it was called
 let emulator = true
 let json = false
+let tag = platformTag()
 for (let i = 0; i < args.length; i++) {
   if (args[i] === '--out') {
     if (i + 1 >= args.length) usage('--out needs a directory')
     out = args[++i]
+  } else if (args[i] === '--target') {
+    if (i + 1 >= args.length) usage('--target needs a Rust target triple')
+    const target = args[++i]
+    if (!PLATFORM[target]) usage(`unknown target ${target} (one of ${Object.keys(PLATFORM).join(', ')})`)
+    tag = PLATFORM[target]
   } else if (args[i] === '--no-emulator') emulator = false
   else if (args[i] === '--json') json = true
   else usage(`unknown argument ${args[i]}`)
@@ -71,14 +81,14 @@ function pack(dir, dest) {
  */
 function packPair(dir) {
   const manifest = JSON.parse(readFileSync(join(dir, 'package.json'), 'utf8'))
-  const tag = platformTag()
   const binary = join(dir, `${manifest.napi.binaryName}.${tag}.node`)
   const template = join(dir, 'npm', tag)
   if (!existsSync(join(template, 'package.json'))) {
     throw new Error(`${manifest.name} has no platform package for ${tag} (no ${relative(ROOT, template)}/package.json)`)
   }
   if (!existsSync(binary)) {
-    const build = dir === ROOT ? 'npm run build' : 'npm run build:emulator'
+    const build = tag === 'linux-arm64-gnu' && platformTag() !== tag ? 'npm run build:arm64'
+      : dir === ROOT ? 'npm run build' : 'npm run build:emulator'
     throw new Error(`${relative(ROOT, binary)} is missing: build it first (${build})`)
   }
   const staged = join(work, manifest.name)
@@ -93,9 +103,11 @@ function packPair(dir) {
     throw new Error(`${packed.name} is not built for ${tag} (napi.targets)`)
   }
   packed.optionalDependencies = { [`${packed.name}-${tag}`]: packed.version }
-  // Workspaces and dev tooling mean nothing to an installed package.
+  // Workspaces and dev tooling mean nothing to an installed package: its scripts build, test
+  // and bench a checkout, and none runs at install.
   delete packed.devDependencies
   delete packed.workspaces
+  delete packed.scripts
   writeFileSync(join(root, 'package.json'), `${JSON.stringify(packed, null, 2)}\n`)
 
   const platformDir = join(work, `${manifest.name}-${tag}`)
@@ -113,7 +125,6 @@ try {
   const result = { main: packPair(ROOT) }
   if (emulator) {
     const dir = join(ROOT, 'emulator')
-    const tag = platformTag()
     if (existsSync(join(dir, 'npm', tag))) result.emulator = packPair(dir)
     else if (!json) process.stderr.write(`pack:local: the emulator has no package for ${tag}; skipped\n`)
   }
