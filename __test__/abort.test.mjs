@@ -49,9 +49,12 @@ test('a TimeoutError abort resolves timedOut with the output so far, and termina
   assert.deepEqual(liveOfCalls(ctx.emu), [])
 })
 
-test('any other abort rejects with "CreateOS command was cancelled." and terminates the tree', async () => {
+// (In session mode the tests that wait for the `connect` request, or fault it, run on a sandbox
+// of their own: a new supervisor, whose stream is opened for this command.)
+test('any other abort rejects with "CreateOS command was cancelled." and terminates the tree', async (t) => {
+  const sb = ctx.sandboxFor(t, sandbox)
   const controller = new AbortController()
-  const p = execute(ctx.client(), bashParams(sandbox, 'echo x; sleep 60'), controller.signal)
+  const p = execute(ctx.client(), bashParams(sb, 'echo x; sleep 60'), controller.signal)
   await waitForKind('connect')
   await sleep(200)
   controller.abort()
@@ -64,9 +67,10 @@ test('any other abort rejects with "CreateOS command was cancelled." and termina
   assert.deepEqual(liveOfCalls(ctx.emu), [])
 })
 
-test('an abort with a custom reason is a cancellation too', async () => {
+test('an abort with a custom reason is a cancellation too', async (t) => {
+  const sb = ctx.sandboxFor(t, sandbox)
   const controller = new AbortController()
-  const p = execute(ctx.client(), bashParams(sandbox, 'sleep 60'), controller.signal)
+  const p = execute(ctx.client(), bashParams(sb, 'sleep 60'), controller.signal)
   await waitForKind('connect')
   controller.abort(new Error('host shutting down'))
   const error = await rejection(p)
@@ -88,10 +92,11 @@ test('an already aborted signal sends nothing', async () => {
   assert.deepEqual(ctx.requests(), [], 'no request at all')
 })
 
-test('an abort while the stream only carries heartbeats takes effect well under a second', async () => {
+test('an abort while the stream only carries heartbeats takes effect well under a second', async (t) => {
+  const sb = ctx.sandboxFor(t, sandbox)
   ctx.emu.addFault({ route: 'connect', times: 1, action: { kind: 'heartbeatsOnly', ms: 20000 } })
   const controller = new AbortController()
-  const p = execute(ctx.client(), bashParams(sandbox, 'sleep 60'), controller.signal)
+  const p = execute(ctx.client(), bashParams(sb, 'sleep 60'), controller.signal)
   await waitForKind('connect')
   await sleep(400) // several heartbeats have flowed
   const t0 = performance.now()

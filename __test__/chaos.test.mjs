@@ -7,7 +7,7 @@ import { test } from 'node:test'
 import assert from 'node:assert/strict'
 import { Worker } from 'node:worker_threads'
 import { join } from 'node:path'
-import { lib, useEmulator, ROOT, markedProcesses, sleep, liveOfCalls } from './helpers.mjs'
+import { lib, useEmulator, ROOT, markedProcesses, sleep, liveOfCalls, sessionMode } from './helpers.mjs'
 
 const INDEX = join(ROOT, 'index.js')
 const RUN_MS = Number(process.env.CHAOS_MS || 20_000)
@@ -23,6 +23,10 @@ function random() {
   return state / 2147483648
 }
 const pick = (xs) => xs[Math.floor(random() * xs.length)]
+
+const CONNECTION_FAILED = 'CreateOS process output connection failed.'
+/** Session mode: the injected panics that rejected as a connection failure (see the last test). */
+const misreported = []
 
 // At most ~3 s each, so the run ends soon after RUN_MS.
 const SCRIPTS = ['echo hi', 'echo up; sleep 3', 'for i in 1 2 3; do echo $i; sleep 0.1; done', 'sleep 3 & echo bg; wait']
@@ -59,11 +63,21 @@ async function mainThreadCall(stats) {
       assert.deepEqual(receipt, { providerLeaseId: sb, state: 'destroyed' })
     } else if (error.code === 'CREATEOS_CANCELLED') {
       stats.cancelled++
+    } else if (sessionMode() && panicAt === 'follow' && error.message === CONNECTION_FAILED) {
+      // The session mode's known misreport (see the todo test below): counted, the run goes on.
+      stats.panics++
+      misreported.push(`${panicAt}: ${error.message}`)
     } else {
       assert.equal(error.message, 'createos-execute internal error: a panic in native code.', `seed ${SEED}`)
       assert.ok(panicAt, `an internal error without an injected panic (seed ${SEED})`)
       stats.panics++
     }
+  }
+  // In session mode a call that settled may leave its supervisor idle (for 60 s): the host's
+  // end of the lease ends it with its proof, as it would end the sandbox.
+  if (sessionMode()) {
+    const receipt = await lib.destroySandbox(ctx.client({ pacing: 'off' }), sb)
+    assert.deepEqual(receipt, { providerLeaseId: sb, state: 'destroyed' })
   }
 }
 
@@ -113,4 +127,15 @@ test(`chaos: commands, worker terminations, injected panics, faults — no survi
   const deadline = Date.now() + 8000
   while (ctx.emu.livePids().length && Date.now() < deadline) await sleep(50)
   assert.deepEqual(liveOfCalls(ctx.emu), [], `no survivors (seed ${SEED})`)
+})
+
+// Session mode: a panic injected at 'follow' (in the supervisor's stream reader) rejects with
+// 'CreateOS process output connection failed.' (CREATEOS_ERROR), not the internal panic error the
+// default mode gives (the tree is proven gone): a product bug, reported; todo until fixed. The
+// run above goes on past it (every other check of the run still holds), and this test fails.
+test('chaos (session mode): every injected panic rejects as the internal panic error', sessionMode()
+  ? { todo: "session: a panic at 'follow' rejects as 'CreateOS process output connection failed.', not as the internal panic error" }
+  : {}, (t) => {
+  if (!sessionMode()) return t.skip('session mode only (the run above asserts it on each call in the default mode)')
+  assert.deepEqual(misreported, [], `seed ${SEED}`)
 })

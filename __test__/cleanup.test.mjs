@@ -6,12 +6,13 @@ import { existsSync } from 'node:fs'
 import {
   lib, kinds, kindOf, queryOf, bashParams, rejection, putPaths, sleep,
   TERMINATION_UNCONFIRMED, CREATION_UNCONFIRMED, assertNoSecrets,
-  useEmulator, endLeftovers, liveOfCalls, sleepers, uniqueSleep } from './helpers.mjs'
+  useEmulator, endLeftovers, liveOfCalls, sleepers, uniqueSleep, sessionMode, supervisorPids, cmdline } from './helpers.mjs'
 
 const { execute, CreateosCleanupError, CreateosApiError, isCreateosCleanupError, destroySandbox } = lib
 let ctx
 let sandbox
-useEmulator(import.meta.url, (c) => { ctx = c; sandbox = c.sandbox() })
+let shared
+useEmulator(import.meta.url, (c) => { ctx = c; sandbox = c.sandbox(); shared = sandbox })
 
 function deletes() {
   return ctx.requests().filter((r) => kindOf(r) === 'deleteProcess')
@@ -112,11 +113,24 @@ test('DELETE answering 404 counts as gone', async () => {
   assert.equal(r.timedOut, true)
   // The faked 404 kept the real DELETE from running: the command ends on its own.
   const end = Date.now() + 3000
+  if (sessionMode()) {
+    // The DELETE was the supervisor's: the command (`sleep 0.3`) ends on its own, and the
+    // supervisor, written off as gone, waits on its stdin until its own idle exit, out of
+    // the client's hands (as a process a real 404 named would be gone): ended here.
+    const others = () => liveOfCalls(ctx.emu).filter((pid) => !supervisorPids([pid]).length)
+    while (others().length && Date.now() < end) await sleep(20)
+    assert.deepEqual(others(), [])
+    assert.ok(supervisorPids(liveOfCalls(ctx.emu)).length <= 1)
+    await endLeftovers(ctx.emu)
+    return
+  }
   while (liveOfCalls(ctx.emu).length && Date.now() < end) await sleep(20)
   assert.deepEqual(liveOfCalls(ctx.emu), [])
 })
 
-test('POST /processes 502 after the process was created: it is found and ended, ordinary API error', async () => {
+test('POST /processes 502 after the process was created: it is found and ended, ordinary API error', async (t) => {
+  // In session mode the creation is a new supervisor's (a sandbox of the test's own).
+  const sandbox = ctx.sandboxFor(t, shared)
   ctx.emu.addFault({ route: 'createProcess', times: 1, action: { kind: 'status', status: 502, afterHandler: true } })
   const error = await rejection(execute(ctx.client(), bashParams(sandbox, 'echo must-not-run > /tmp/createos-should-not-exist-$$; sleep 60')))
   // Issue 4: the gated process is found (list), ended and confirmed; the sandbox stays usable.
@@ -135,7 +149,8 @@ test('POST /processes 502 after the process was created: it is found and ended, 
   assert.equal(r.stdout, 'fine\n')
 })
 
-test('POST /processes with no response and the list failing → creation-unconfirmed', async () => {
+test('POST /processes with no response and the list failing → creation-unconfirmed', async (t) => {
+  const sandbox = ctx.sandboxFor(t, shared)
   ctx.emu.addFault({ route: 'createProcess', times: 1, action: { kind: 'dropConnection', afterHandler: true } })
   ctx.emu.addFault({ route: 'listProcesses', action: { kind: 'status', status: 500 } })
   const error = await rejection(execute(ctx.client({ timeoutMs: 2000 }), bashParams(sandbox, 'sleep 60')))
@@ -153,13 +168,15 @@ test('POST /processes with no response and the list failing → creation-unconfi
   await destroySandbox(ctx.client(), sb2)
 })
 
-test('POST /processes 4xx is an ordinary API error, nothing to clean', async () => {
+test('POST /processes 4xx is an ordinary API error, nothing to clean', async (t) => {
+  const sandbox = ctx.sandboxFor(t, shared)
   ctx.emu.addFault({ route: 'createProcess', times: 1, action: { kind: 'status', status: 400 } })
   const error = await rejection(execute(ctx.client(), bashParams(sandbox, 'echo x')))
   assert.ok(error instanceof CreateosApiError)
   assert.equal(error.status, 400)
   assert.equal(error.message, 'CreateOS request failed (HTTP 400) during process creation.')
   assert.equal(kinds(ctx.requests()).includes('deleteProcess'), false)
+  if (sessionMode()) assert.ok(kinds(ctx.requests()).includes('createProcess'), 'the fault hit the supervisor\'s creation')
   // The gate's upload went out beside the creation and was abandoned before its byte: the
   // emulator never received it in full, so no gate file was written.
   for (const r of ctx.requests().filter((x) => kindOf(x) === 'putFile')) assert.equal(r.receivedMs, null, JSON.stringify(r))
@@ -174,7 +191,35 @@ test('the cleanup gets a fresh deadline the aborted signal cannot cut short', as
   assert.deepEqual(liveOfCalls(ctx.emu), [])
 })
 
-test('no staged file stays on the failure path either', async () => {
+test('no staged file stays on the failure path either', async (t) => {
+  if (sessionMode()) {
+    // The stdin travels in the input record; the supervisor stages it in `<marker>.in`
+    // (removed before the command starts, or by its TERM trap). A new supervisor (a sandbox of
+    // the test's own), so the fault hits its stream.
+    const sb = ctx.sandboxFor(t, sandbox)
+    ctx.emu.addFault({ route: 'connect', action: { kind: 'badSeq' } })
+    const markers = new Set()
+    const watch = setInterval(() => {
+      for (const pid of ctx.emu.livePids()) {
+        const m = /__cos_marker='([^']+)'/.exec(cmdline(pid))
+        if (m) markers.add(m[1])
+      }
+    }, 2)
+    try {
+      await rejection(execute(ctx.client(), bashParams(sb, 'cat; sleep 5', { stdin: 'data' })))
+    } finally {
+      clearInterval(watch)
+    }
+    const k = kinds(ctx.requests())
+    assert.deepEqual(putPaths(ctx.requests()), [], 'nothing staged through the files API')
+    assert.ok(k.includes('deleteProcess'), k.join(' '))
+    assert.equal(markers.size, 1, 'the supervisor was seen')
+    const staged = [...markers].map((m) => `${m}.in`)
+    const end = Date.now() + 5000
+    while (staged.some((p) => existsSync(p)) && Date.now() < end) await sleep(20)
+    for (const path of staged) assert.equal(existsSync(path), false, path)
+    return
+  }
   ctx.emu.addFault({ route: 'connect', action: { kind: 'badSeq' } })
   await rejection(execute(ctx.client(), bashParams(sandbox, 'cat; sleep 5', { stdin: 'data' })))
   const paths = putPaths(ctx.requests())

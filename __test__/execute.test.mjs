@@ -5,7 +5,7 @@ import { test, before, after } from 'node:test'
 import assert from 'node:assert/strict'
 import { existsSync } from 'node:fs'
 import {
-  lib, kinds, commandKinds, putPaths, queryOf, bashParams, kindOf, useEmulator, liveOfCalls } from './helpers.mjs'
+  lib, kinds, commandKinds, putPaths, queryOf, bashParams, kindOf, useEmulator, liveOfCalls, sessionMode, sessionConfig } from './helpers.mjs'
 
 const { execute } = lib
 let ctx
@@ -14,8 +14,9 @@ let sandbox
 // A journal large enough that the multi-MiB output tests never race eviction.
 useEmulator(import.meta.url, (c) => { ctx = c; sandbox = c.sandbox() }, { journalBytes: 32 * 1024 * 1024 })
 
-test('runs a command and returns stdout, stderr and the exit code', async () => {
-  const r = await execute(ctx.client(), bashParams(sandbox, 'echo out; echo err >&2; exit 7'))
+test('runs a command and returns stdout, stderr and the exit code', async (t) => {
+  const sb = ctx.sandboxFor(t, sandbox)
+  const r = await execute(ctx.client(), bashParams(sb, 'echo out; echo err >&2; exit 7'))
   assert.equal(r.exitCode, 7)
   assert.equal(r.signal, null)
   assert.equal(r.timedOut, false)
@@ -27,6 +28,21 @@ test('runs a command and returns stdout, stderr and the exit code', async () => 
   assert.equal(r.metadata.treeExited, true)
 
   const k = kinds(ctx.requests())
+  if (sessionMode()) {
+    // A new supervisor: created once, its stream attached from the start (beside the
+    // command's one input record), and no DELETE for a command that completed.
+    assert.deepEqual([...k].sort(), ['connect', 'createProcess', 'input'], k.join(','))
+    assert.equal(queryOf(ctx.requests()[k.indexOf('connect')]).get('after'), '0')
+    assert.equal(r.metadata.containment, 'supervisor')
+    // The next command on the lease is one input to the same supervisor.
+    ctx.reset()
+    const r2 = await execute(ctx.client(), bashParams(sb, 'echo out2; exit 3'))
+    assert.equal(r2.exitCode, 3)
+    assert.equal(r2.stdout, 'out2\n')
+    assert.equal(r2.metadata.processId, r.metadata.processId)
+    assert.deepEqual(kinds(ctx.requests()), ['input'])
+    return
+  }
   // create → connect → (gate) → … and no DELETE for a command that completed.
   assert.ok(k.indexOf('createProcess') >= 0, k.join(','))
   assert.ok(k.indexOf('connect') > k.indexOf('createProcess'), k.join(','))
@@ -77,6 +93,16 @@ test('args, env, cwd and stdin round trip; staged files are removed', async () =
 
   const reqs = ctx.requests()
   const k = commandKinds(reqs, ctx.emu)
+  if (sessionMode()) {
+    // The stdin travels in the command's input record: nothing is staged by the client and
+    // nothing is left to remove (a new supervisor adds its creation and its stream).
+    assert.deepEqual(k.filter((x) => x !== 'createProcess' && x !== 'connect'), ['input'], k.join(','))
+    // The supervisor's staged copy is open and already unlinked when the command starts.
+    const s = await execute(ctx.client(), bashParams(sandbox, 'readlink /proc/self/fd/0', { stdin: 'x' }))
+    assert.match(s.stdout, /^\/.+ \(deleted\)\n$/, s.stdout)
+    assert.equal(existsSync(s.stdout.slice(0, -' (deleted)\n'.length)), false)
+    return
+  }
   // stdin is staged while the process is created (either may arrive first); files are
   // cleaned up afterwards.
   assert.deepEqual([...k.slice(0, 2)].sort(), ['createProcess', 'putFile'], k.join(','))
@@ -95,10 +121,12 @@ test('args, env, cwd and stdin round trip; staged files are removed', async () =
 test('stdin null and empty string', async () => {
   const a = await execute(ctx.client(), bashParams(sandbox, 'cat; echo end', { stdin: null }))
   assert.equal(a.stdout, 'end\n')
-  assert.equal(kinds(ctx.requests())[0], 'createProcess', 'nothing is staged for stdin: null')
+  if (sessionMode()) assert.equal(kinds(ctx.requests()).includes('putFile'), false, 'nothing is staged for stdin: null')
+  else assert.equal(kinds(ctx.requests())[0], 'createProcess', 'nothing is staged for stdin: null')
   ctx.reset()
   const b = await execute(ctx.client(), bashParams(sandbox, 'cat; echo end', { stdin: '' }))
   assert.equal(b.stdout, 'end\n')
+  if (sessionMode()) assert.equal(kinds(ctx.requests()).includes('putFile'), false, 'the session mode stages nothing')
   for (const path of putPaths(ctx.requests())) assert.equal(existsSync(path), false)
 })
 
@@ -231,9 +259,17 @@ test('a command that leaves a background child reports treeExited: false; termin
   // leave to close() (which must kill it).
 })
 
-test('requests start at least 300 ms apart with pacing: "spacing" (the TypeScript module\'s rule)', async () => {
-  const r = await execute(ctx.client({ pacing: 'spacing' }), bashParams(sandbox, 'echo paced', { stdin: 'x' }))
+test('requests start at least 300 ms apart with pacing: "spacing" (the TypeScript module\'s rule)', async (t) => {
+  const sb = ctx.sandboxFor(t, sandbox)
+  const r = await execute(ctx.client({ pacing: 'spacing' }), bashParams(sb, 'echo paced', { stdin: 'x' }))
   assert.equal(r.stdout, 'paced\n')
+  if (sessionMode()) {
+    // A new supervisor's creation, stream and input, then a second command's input: 4
+    // requests through the same pacer.
+    const r2 = await execute(ctx.client({ pacing: 'spacing' }), bashParams(sb, 'echo paced2'))
+    assert.equal(r2.stdout, 'paced2\n')
+    assert.deepEqual(kinds(ctx.requests()).sort(), ['connect', 'createProcess', 'input', 'input'])
+  }
   // When each request's head arrived (the gate's goes out beside the creation and is
   // received in full only after the connect request: the log is in receipt order).
   const at = ctx.requests().map((x) => x.atMs).sort((a, b) => a - b)
@@ -244,7 +280,7 @@ test('requests start at least 300 ms apart with pacing: "spacing" (the TypeScrip
 })
 
 test('X-Api-Key is required: a wrong key gives the 401 API error and nothing runs', async () => {
-  const client = { config: { apiUrl: ctx.url, timeoutMs: 5000 }, apiKey: 'wrong-key' }
+  const client = { config: { apiUrl: ctx.url, timeoutMs: 5000, ...sessionConfig() }, apiKey: 'wrong-key' }
   const error = await execute(client, bashParams(sandbox, 'echo hi')).then(() => null, (e) => e)
   assert.ok(error instanceof lib.CreateosApiError, String(error))
   assert.equal(error.status, 401)
@@ -252,12 +288,12 @@ test('X-Api-Key is required: a wrong key gives the 401 API error and nothing run
 })
 
 test('the key may come from client.config.apiKey or CREATEOS_API_KEY', async () => {
-  const r = await execute({ config: { apiUrl: ctx.url, timeoutMs: 5000, apiKey: ctx.apiKey } }, bashParams(sandbox, 'echo a'))
+  const r = await execute({ config: { apiUrl: ctx.url, timeoutMs: 5000, apiKey: ctx.apiKey, ...sessionConfig() } }, bashParams(sandbox, 'echo a'))
   assert.equal(r.stdout, 'a\n')
   const saved = process.env.CREATEOS_API_KEY
   process.env.CREATEOS_API_KEY = ctx.apiKey
   try {
-    const r2 = await execute({ config: { apiUrl: ctx.url, timeoutMs: 5000 } }, bashParams(sandbox, 'echo b'))
+    const r2 = await execute({ config: { apiUrl: ctx.url, timeoutMs: 5000, ...sessionConfig() } }, bashParams(sandbox, 'echo b'))
     assert.equal(r2.stdout, 'b\n')
   } finally {
     if (saved === undefined) delete process.env.CREATEOS_API_KEY

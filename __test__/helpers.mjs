@@ -50,6 +50,21 @@ const KINDS = [
   ['GET', new RegExp(`^${SB}$`), 'getSandbox'],
 ]
 
+/**
+ * True when the suites run in session mode (`CREATEOS_TEST_SESSION=1`: `ctx.client()` adds
+ * `session: { idleMs: 60000 }`, so every `execute` of the default mode's suites runs through a
+ * supervisor, see docs/session.md). A test asserts the session mode's request shape then.
+ */
+export function sessionMode() {
+  return process.env.CREATEOS_TEST_SESSION === '1'
+}
+
+/** What `ctx.client()` adds to a client's config in session mode (`{}` otherwise): for tests
+ * that build a client of their own. */
+export function sessionConfig() {
+  return sessionMode() ? { session: { idleMs: 60_000 } } : {}
+}
+
 export function kindOf(r) {
   for (const [method, re, kind] of KINDS) {
     if (r.method === method && re.test(r.path)) {
@@ -145,11 +160,34 @@ export async function startEmu(options = {}) {
     apiKey: emu.apiKey,
     /** A client shaped like the host's (config + apiKey). */
     client(config = {}) {
-      const session = process.env.CREATEOS_TEST_SESSION === '1' ? { session: { idleMs: 60_000 } } : {}
-      return { config: { apiUrl: emu.url, timeoutMs: 5000, ...session, ...config }, apiKey: emu.apiKey }
+      return { config: { apiUrl: emu.url, timeoutMs: 5000, ...sessionConfig(), ...config }, apiKey: emu.apiKey }
     },
     sandbox() {
       return emu.createSandbox()
+    },
+    /**
+     * The sandbox test `t` runs on: `shared` in the default mode; in session mode a fresh one,
+     * destroyed after the test (its supervisors ended with their proof, the faults cleared
+     * first), so that the test's first command starts a new supervisor: a fault on
+     * `createProcess` or `connect` then reaches that supervisor's creation or stream, where a
+     * warm supervisor of the shared sandbox would never send the request.
+     */
+    sandboxFor(t, shared) {
+      return sessionMode() ? ctx.ownSandbox(t) : shared
+    },
+    /**
+     * A new sandbox for test `t`; in session mode it is destroyed after the test, so its idle
+     * supervisor does not outlive the test (and count as a live process of a later one).
+     */
+    ownSandbox(t) {
+      const sb = emu.createSandbox()
+      if (sessionMode()) {
+        t.after(async () => {
+          emu.clearFaults()
+          await lib.destroySandbox(ctx.client(), sb).catch(() => {})
+        })
+      }
+      return sb
     },
     params(sandboxId, command, extra = {}) {
       return { lease: { providerLeaseId: sandboxId }, command, ...extra }
@@ -446,6 +484,12 @@ export function netChild(client, params, env, { bin = process.execPath, nodeArgs
 /** A `sleep` duration no other test (of any file running in parallel) uses. */
 export function uniqueSleep(base) {
   return `${base}.${process.pid}${String(process.hrtime.bigint() % 1000000n).padStart(6, '0')}`
+}
+
+/** The live pids of session supervisors among `pids` (their command line carries the
+ * supervisor's marker assignment, see crates/core/src/session/supervisor.sh). */
+export function supervisorPids(pids) {
+  return pids.filter((pid) => cmdline(pid).includes('__cos_marker='))
 }
 
 /** Live (non-zombie) pids whose command line is exactly `sleep <arg>`. */

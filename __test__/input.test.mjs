@@ -6,7 +6,7 @@ import assert from 'node:assert/strict'
 import { createServer } from 'node:http'
 import {
   lib, kinds, bashParams, rejection, assertNoSecrets, sleep,
-  useEmulator, liveOfCalls } from './helpers.mjs'
+  useEmulator, liveOfCalls, sessionMode, sessionConfig } from './helpers.mjs'
 
 const { execute, executeStream, followProcess, shellQuote, destroySandbox, waitForRequest, CreateosInputError } = lib
 let ctx
@@ -323,7 +323,10 @@ test('a missing API key is rejected before any request', async () => {
   }
 })
 
-test('a redirect is refused and never followed; the key does not reach the target', async () => {
+test('a redirect is refused and never followed; the key does not reach the target', async (t) => {
+  // In session mode on a sandbox of the test's own: the first request is then the creation
+  // of a new supervisor, as it is the command's creation in the default mode.
+  const sb = ctx.sandboxFor(t, sandbox)
   const hits = []
   const target = createServer((req, res) => {
     hits.push({ url: req.url, key: req.headers['x-api-key'] })
@@ -334,7 +337,7 @@ test('a redirect is refused and never followed; the key does not reach the targe
   const location = `http://127.0.0.1:${target.address().port}/v1/stolen`
   try {
     ctx.emu.addFault({ action: { kind: 'redirect', location } })
-    const error = await rejection(execute(ctx.client(), bashParams(sandbox, 'echo hi', { stdin: 'x' })))
+    const error = await rejection(execute(ctx.client(), bashParams(sb, 'echo hi', { stdin: 'x' })))
     assert.ok(error instanceof Error)
     assert.ok(!lib.isCreateosCleanupError(error) || error.reason === 'creation-unconfirmed')
     assertNoSecrets(error, [ctx.apiKey, location, String(target.address().port)])
@@ -347,18 +350,23 @@ test('a redirect is refused and never followed; the key does not reach the targe
   }
 })
 
-test('error messages never contain the key, the URL or a response body', async () => {
+test('error messages never contain the key, the URL or a response body', async (t) => {
   const secretKey = ctx.apiKey
   const cases = [
     { route: 'createProcess', action: { kind: 'status', status: 400 } },
-    { route: 'putFile', action: { kind: 'status', status: 500 } },
+    // The session mode uploads the stdin in the command's input record, not the files API.
+    { route: sessionMode() ? 'input' : 'putFile', action: { kind: 'status', status: 500 } },
     { route: 'connect', action: { kind: 'status', status: 403 } },
     { route: 'connect', action: { kind: 'errorFrame', error: `secret-body-token ${secretKey}` } },
   ]
   for (const fault of cases) {
     ctx.reset()
+    // In session mode each case on a sandbox of its own: a new supervisor, whose creation and
+    // stream the faults reach.
+    const sb = ctx.sandboxFor(t, sandbox)
     ctx.emu.addFault(fault)
-    const error = await rejection(execute(ctx.client(), bashParams(sandbox, 'echo hi; sleep 5', { stdin: 'in' })))
+    const error = await rejection(execute(ctx.client(), bashParams(sb, 'echo hi; sleep 5', { stdin: 'in' })))
+    if (sessionMode()) assert.ok(kinds(ctx.requests()).includes(fault.route), `the fault's route was requested: ${kinds(ctx.requests())}`)
     assertNoSecrets(error, [secretKey, ctx.url, `127.0.0.1`, 'secret-body-token', '/v1/'])
     assert.match(error.message, /^(CreateOS|Sandbox)/)
   }
@@ -368,12 +376,28 @@ test('error messages never contain the key, the URL or a response body', async (
   await new Promise((resolve) => closed.listen(0, '127.0.0.1', resolve))
   const port = closed.address().port
   await new Promise((resolve) => closed.close(resolve))
-  const error = await rejection(execute({ config: { apiUrl: `http://127.0.0.1:${port}`, timeoutMs: 2000 }, apiKey: 'k-secret-123' },
+  const error = await rejection(execute({ config: { apiUrl: `http://127.0.0.1:${port}`, timeoutMs: 2000, ...sessionConfig() }, apiKey: 'k-secret-123' },
     bashParams(sandbox, 'echo')))
   assertNoSecrets(error, ['k-secret-123', String(port)])
 })
 
 test('the status in an API error is a number and the operation a fixed label', async () => {
+  if (sessionMode()) {
+    // The session mode stages nothing: its stdin goes in the input record. A 403 on it is
+    // final, and the supervisor, whose input failed, is ended and its end confirmed.
+    await execute(ctx.client(), bashParams(sandbox, 'true'))
+    ctx.reset()
+    ctx.emu.addFault({ route: 'input', times: 1, action: { kind: 'status', status: 403 } })
+    const error = await rejection(execute(ctx.client(), bashParams(sandbox, 'echo', { stdin: 'x' })))
+    assert.ok(error instanceof lib.CreateosApiError)
+    assert.equal(error.status, 403)
+    assert.equal(error.message, 'CreateOS request failed (HTTP 403) during process input.')
+    const k = kinds(ctx.requests())
+    assert.deepEqual(k.filter((x) => x === 'input'), ['input'], k.join(','))
+    assert.ok(k.includes('deleteProcess'), k.join(','))
+    assert.deepEqual(liveOfCalls(ctx.emu), [])
+    return
+  }
   // (A 503 on an idempotent PUT is retried; a 403 is final.)
   ctx.emu.addFault({ route: 'putFile', times: 1, action: { kind: 'status', status: 403 } })
   const error = await rejection(execute(ctx.client(), bashParams(sandbox, 'echo', { stdin: 'x' })))

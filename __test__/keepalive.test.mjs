@@ -6,7 +6,7 @@
 import { test, after } from 'node:test'
 import assert from 'node:assert/strict'
 import http from 'node:http'
-import { lib, startEmu, bashParams, sleep, liveOfCalls } from './helpers.mjs'
+import { lib, startEmu, bashParams, sleep, liveOfCalls, sessionMode, sessionConfig } from './helpers.mjs'
 import { fileURLToPath } from 'node:url'
 
 const FILE = fileURLToPath(import.meta.url)
@@ -16,6 +16,23 @@ const KEEP_ALIVE_MS = 5000
 // Concurrent commands per wave, and the idle gap before each wave after the first.
 const WAVE = Number(process.env.CREATEOS_KEEPALIVE_WAVE || 100)
 const GAPS_MS = [4850, 4950, 5000, 5050, 5150]
+
+/**
+ * The sandboxes `n` concurrent commands run on: one in the default mode; in session mode one per
+ * 4 commands (a lease runs at most 4 supervisors at a time, a fifth command waits), so that the
+ * `n` commands of a wave still run at once, each wave after the first as `n` input requests on
+ * pooled connections idle for the gap.
+ */
+function sandboxesFor(c, n) {
+  return Array.from({ length: sessionMode() ? Math.ceil(n / 4) : 1 }, () => c.sandbox())
+}
+
+/** In session mode, the sandboxes' idle supervisors ended (with their proof) before the
+ * survivor check, as a host ends its leases. */
+async function endSessions(c, sbs) {
+  if (!sessionMode()) return
+  for (const sb of sbs) await lib.destroySandbox(c.client({ pacing: 'off' }), sb)
+}
 
 let ctx
 let slowCtx
@@ -108,8 +125,8 @@ test(`${WAVE} concurrent commands per wave, idle gaps around the server's 5 s ke
   ctx = await startEmu()
   const proxy = await reverseProxy(ctx.url, KEEP_ALIVE_MS)
   try {
-    const sb = ctx.sandbox()
-    const client = { config: { apiUrl: proxy.url, timeoutMs: 60_000, pacing: 'off' }, apiKey: ctx.apiKey }
+    const sbs = sandboxesFor(ctx, WAVE)
+    const client = { config: { apiUrl: proxy.url, timeoutMs: 60_000, pacing: 'off', ...sessionConfig() }, apiKey: ctx.apiKey }
     const failures = []
     let ok = 0
     const waveMs = []
@@ -117,7 +134,7 @@ test(`${WAVE} concurrent commands per wave, idle gaps around the server's 5 s ke
       if (w > 0) await sleep(GAPS_MS[w - 1])
       const started = Date.now()
       const results = await Promise.allSettled(
-        Array.from({ length: WAVE }, (_, i) => execute(client, bashParams(sb, `sleep 1; echo w${w}-${i}`))),
+        Array.from({ length: WAVE }, (_, i) => execute(client, bashParams(sbs[i % sbs.length], `sleep 1; echo w${w}-${i}`))),
       )
       waveMs.push(Date.now() - started)
       results.forEach((r, i) => {
@@ -137,6 +154,7 @@ test(`${WAVE} concurrent commands per wave, idle gaps around the server's 5 s ke
     assert.ok(idle.length > 0, 'connections were reused at all')
     assert.equal(late, 0, `a connection was reused ${maxIdle} ms after its last response (the server closes at ${KEEP_ALIVE_MS} ms)`)
     assert.equal(proxy.seen.upstreamErrors, 0)
+    await endSessions(ctx, sbs)
     assert.deepEqual(liveOfCalls(ctx.emu), [])
   } finally {
     await proxy.close()
@@ -153,15 +171,15 @@ test('a server announcing a 2 s keep-alive: its hint is honoured, no connection 
   const keepAliveMs = 2000
   const proxy = await reverseProxy(shortCtx.url, keepAliveMs)
   try {
-    const sb = shortCtx.sandbox()
-    const client = { config: { apiUrl: proxy.url, timeoutMs: 60_000, pacing: 'off' }, apiKey: shortCtx.apiKey }
-    const gaps = [1200, 1500, 1800, 1950, 1950]
     const n = 30
+    const sbs = sandboxesFor(shortCtx, n)
+    const client = { config: { apiUrl: proxy.url, timeoutMs: 60_000, pacing: 'off', ...sessionConfig() }, apiKey: shortCtx.apiKey }
+    const gaps = [1200, 1500, 1800, 1950, 1950]
     const failures = []
     for (let w = 0; w <= gaps.length; w++) {
       if (w > 0) await sleep(gaps[w - 1])
       const results = await Promise.allSettled(
-        Array.from({ length: n }, (_, i) => execute(client, bashParams(sb, `echo s${w}-${i}`))),
+        Array.from({ length: n }, (_, i) => execute(client, bashParams(sbs[i % sbs.length], `echo s${w}-${i}`))),
       )
       results.forEach((r, i) => {
         if (!(r.status === 'fulfilled' && r.value.exitCode === 0 && r.value.stdout === `s${w}-${i}\n`)) {
@@ -177,6 +195,7 @@ test('a server announcing a 2 s keep-alive: its hint is honoured, no connection 
     assert.deepEqual(failures.slice(0, 5), [], `${failures.length} commands failed`)
     assert.ok(idle.length > 0, 'connections were reused at all')
     assert.deepEqual(late, [], 'no connection reused close to the server\'s keep-alive')
+    await endSessions(shortCtx, sbs)
     assert.deepEqual(liveOfCalls(shortCtx.emu), [])
   } finally {
     await proxy.close()
@@ -193,14 +212,14 @@ test(`${SLOW_N} concurrent commands against a slow server with a 5 s keep-alive 
   slowCtx = await startEmu({ profile: 'documented' })
   const proxy = await reverseProxy(slowCtx.url, KEEP_ALIVE_MS, { delayMs: 150, stall: { ms: 1500, everyMs: 2500 } })
   try {
-    const sb = slowCtx.sandbox()
-    const client = { config: { apiUrl: proxy.url, timeoutMs: 60_000, pacing: 'off' }, apiKey: slowCtx.apiKey }
+    const sbs = sandboxesFor(slowCtx, SLOW_N)
+    const client = { config: { apiUrl: proxy.url, timeoutMs: 60_000, pacing: 'off', ...sessionConfig() }, apiKey: slowCtx.apiKey }
     const rounds = []
     for (let round = 0; round < 2; round++) {
       if (round > 0) await sleep(SLOW_GAP_MS)
       const started = Date.now()
       const results = await Promise.allSettled(
-        Array.from({ length: SLOW_N }, (_, i) => execute(client, bashParams(sb, `sleep 1; echo r${round}-${i}`))),
+        Array.from({ length: SLOW_N }, (_, i) => execute(client, bashParams(sbs[i % sbs.length], `sleep 1; echo r${round}-${i}`))),
       )
       const failures = []
       let ok = 0
@@ -221,7 +240,15 @@ test(`${SLOW_N} concurrent commands against a slow server with a 5 s keep-alive 
       assert.equal(r.ok, SLOW_N)
     }
     const outputs = reqs.filter((r) => r.route === 'createProcess' && r.status === 201).length
-    assert.ok(outputs >= 2 * SLOW_N)
+    if (sessionMode()) {
+      // A supervisor per command of the first round, each reused by the second round's input.
+      assert.ok(outputs >= SLOW_N, `${outputs} supervisors created`)
+      const inputs = reqs.filter((r) => r.route === 'input' && r.status >= 200 && r.status < 300).length
+      assert.ok(inputs >= 2 * SLOW_N, `${inputs} inputs answered`)
+      await endSessions(slowCtx, sbs)
+    } else {
+      assert.ok(outputs >= 2 * SLOW_N)
+    }
     const end = Date.now() + 5000
     while (liveOfCalls(slowCtx.emu).length && Date.now() < end) await sleep(20)
     assert.deepEqual(liveOfCalls(slowCtx.emu), [], 'no process of any call is alive')

@@ -8,7 +8,7 @@ import { Worker } from 'node:worker_threads'
 import { createRequire } from 'node:module'
 import { join } from 'node:path'
 import { fileURLToPath } from 'node:url'
-import { lib, startEmu, kinds, ROOT, rejection, liveOfCalls } from './helpers.mjs'
+import { lib, startEmu, kinds, ROOT, rejection, liveOfCalls, sessionConfig } from './helpers.mjs'
 
 const require = createRequire(import.meta.url)
 const FILE = fileURLToPath(import.meta.url)
@@ -36,9 +36,10 @@ async function withWarnings(fn) {
   }
 }
 
-test('a throwing log callback neither crashes Node nor loses output', async () => {
+test('a throwing log callback neither crashes Node nor loses output', async (t) => {
   E.reset()
-  const sb = E.sandbox()
+  // (In session mode destroyed after the test: its idle supervisor does not outlive it.)
+  const sb = E.ownSandbox(t)
   let calls = 0
   const { value: r, warnings } = await withWarnings(() =>
     lib.execute(E.client(), E.params(sb, '/bin/bash', { args: ['-c', 'printf one; sleep 0.05; printf two >&2; printf three'] }), undefined, () => {
@@ -55,9 +56,10 @@ test('a throwing log callback neither crashes Node nor loses output', async () =
   for (const w of warnings) assert.ok(!String(w.message).includes('exploded'), 'the thrown error is not echoed')
 })
 
-test('a throwing log callback does not skip the cleanup of a timed-out command', async () => {
+test('a throwing log callback does not skip the cleanup of a timed-out command', async (t) => {
   E.reset()
-  const sb = E.sandbox()
+  // (In session mode destroyed after the test: its idle supervisor does not outlive it.)
+  const sb = E.ownSandbox(t)
   const r = await lib.execute(
     E.client(),
     E.params(sb, '/bin/bash', { args: ['-c', 'printf started; sleep 30'] }),
@@ -73,9 +75,10 @@ test('a throwing log callback does not skip the cleanup of a timed-out command',
   assert.deepEqual(liveOfCalls(E.emu), [], 'the process tree is gone')
 })
 
-test('a log callback returning a rejected promise is not an unhandled rejection', async () => {
+test('a log callback returning a rejected promise is not an unhandled rejection', async (t) => {
   E.reset()
-  const sb = E.sandbox()
+  // (In session mode destroyed after the test: its idle supervisor does not outlive it.)
+  const sb = E.ownSandbox(t)
   const unhandled = []
   const onUnhandled = (e) => unhandled.push(e)
   process.on('unhandledRejection', onUnhandled)
@@ -91,9 +94,10 @@ test('a log callback returning a rejected promise is not an unhandled rejection'
   assert.deepEqual(unhandled, [])
 })
 
-test('execute works from a worker thread', async () => {
+test('execute works from a worker thread', async (t) => {
   E.reset()
-  const sb = E.sandbox()
+  // (In session mode destroyed after the test: its idle supervisor does not outlive it.)
+  const sb = E.ownSandbox(t)
   const code = `
     const { parentPort, workerData } = require('node:worker_threads')
     const lib = require(workerData.index)
@@ -149,7 +153,7 @@ test('a script whose calls have settled exits promptly (nothing keeps the event 
     ;(async () => {
       const emu = await emulatorLib.startEmulator({ rateLimitPerMinute: null })
       const sb = emu.createSandbox()
-      const client = { config: { apiUrl: emu.url, timeoutMs: 5000, pacing: 'off' }, apiKey: emu.apiKey }
+      const client = { config: { apiUrl: emu.url, timeoutMs: 5000, pacing: 'off', ...${JSON.stringify(sessionConfig())} }, apiKey: emu.apiKey }
       const r = await lib.execute(client, { lease: { providerLeaseId: sb }, command: 'echo', args: ['ok'], stdin: 'x' })
       if (r.stdout !== 'ok\\n') throw new Error('bad output')
       await emu.close()
@@ -161,14 +165,14 @@ test('a script whose calls have settled exits promptly (nothing keeps the event 
   assert.ok(r.ms < 8000, `took ${r.ms} ms`)
 })
 
-test('a Rust panic becomes a rejected promise, not an abort', async () => {
+test('a Rust panic becomes a rejected promise, not an abort', async (t) => {
   const binding = require(join(ROOT, 'binding.js'))
   assert.equal(typeof binding.__panicForTest, 'function')
   const e = await rejection(binding.__panicForTest())
   assert.ok(e instanceof Error, 'rejects with an Error')
   // Node is still alive and the addon still works.
   E.reset()
-  const r = await lib.execute(E.client(), E.params(E.sandbox(), 'echo', { args: ['after panic'] }))
+  const r = await lib.execute(E.client(), E.params(E.ownSandbox(t), 'echo', { args: ['after panic'] }))
   assert.equal(r.stdout, 'after panic\n')
 })
 
