@@ -59,6 +59,12 @@ test('runs a command and returns stdout, stderr and the exit code', async (t) =>
 test('cwd goes in the creation body as the TypeScript module sent it; a missing directory is still the script\'s exit', async () => {
   const r = await execute(ctx.client(), { lease: { providerLeaseId: sandbox }, command: 'pwd', cwd: '/tmp' })
   assert.equal(r.stdout, '/tmp\n')
+  // Session mode creates no process per command: the script's `cd` is all there is.
+  if (sessionMode()) {
+    const missing = await execute(ctx.client(), { lease: { providerLeaseId: sandbox }, command: 'true', cwd: '/nonexistent-createos-cwd' })
+    assert.equal(missing.exitCode, 1)
+    return
+  }
   // The emulator's process record echoes the body's cwd.
   const c = ctx.client()
   const url = `${c.config.apiUrl}/v1/sandboxes/${sandbox}/processes/${r.metadata.processId}`
