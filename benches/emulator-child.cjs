@@ -22,6 +22,7 @@ async function main() {
     clearFaults: () => emu.clearFaults(),
     createSandbox: () => emu.createSandbox(),
     livePids: () => emu.livePids(),
+    liveVirtual: () => emu.liveVirtual(),
     connections: () => emu.connections(),
     close: async () => {
       await emu.close()

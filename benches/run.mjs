@@ -3,7 +3,7 @@
 // local emulator. Prints the machine, a table (median of N runs with min/max)
 // and writes bench-results/latest.json.
 //
-//   node benches/run.mjs [--quick] [--runs N] [--sections 1,2,3,4,5,6,7,8,9,10,11,12,13]
+//   node benches/run.mjs [--quick] [--runs N] [--sections 1,2,3,4,5,6,7,8,9,10,11,12,13,14]
 //                        [--emulator child|inproc|both] [--baseline build|auto|skip]
 //                        [--out FILE]
 //
@@ -45,6 +45,10 @@
 // per command over 100 sequential echos (--quick: 20), a warm echo over TLS at 50 ms RTT, and
 // commands per minute on a 300-per-minute budget (scaled in time).
 //
+// §14 (in flight, benches/inflight.mjs): 100, 1,000 and 10,000 commands in flight (--quick:
+// 1,000) over HTTP/1.1 and HTTP/2: RSS above idle per command, CPU per 100 idle streams, the
+// client's sockets, start time, and every command exact.
+//
 // Nothing here asserts timings: the machine may be noisy. Targets are printed beside
 // the numbers for the reader.
 import { execFile, execFileSync, fork, spawn } from 'node:child_process'
@@ -58,6 +62,7 @@ import { pidsOf, startScanner } from './lib/procscan.mjs'
 import { fmt, renderTable, stats } from './lib/stats.mjs'
 import { transports } from './transport.mjs'
 import { sessionBench } from './session.mjs'
+import { inflightBench } from './inflight.mjs'
 
 const require = createRequire(import.meta.url)
 const { loadLib, ROOT } = require('./lib/load.cjs')
@@ -89,7 +94,7 @@ function parseArgs(argv) {
       case '--baseline': o.baseline = val(); break
       case '--out': o.out = val(); break
       case '-h': case '--help':
-        process.stdout.write('usage: node benches/run.mjs [--quick] [--runs N] [--sections 1,2,3,4,5,6,7,8,9,10,11,12,13] [--emulator child|inproc|both] [--baseline build|auto|skip] [--out FILE]\n')
+        process.stdout.write('usage: node benches/run.mjs [--quick] [--runs N] [--sections 1,2,3,4,5,6,7,8,9,10,11,12,13,14] [--emulator child|inproc|both] [--baseline build|auto|skip] [--out FILE]\n')
         process.exit(0)
         break
       default: throw new Error(`unknown argument ${a}`)
@@ -102,7 +107,7 @@ function parseArgs(argv) {
   return {
     ...o,
     runs: o.runs ?? (q ? 3 : 5),
-    sections: o.sections ?? new Set(['1', '2', '3', '4', '5', '6', '7', '8', '9', '10', '11', '12', '13']),
+    sections: o.sections ?? new Set(['1', '2', '3', '4', '5', '6', '7', '8', '9', '10', '11', '12', '13', '14']),
     emulator: o.emulator ?? (q ? 'child' : 'both'),
     baseline: o.baseline ?? (q ? 'auto' : 'build'),
     out: o.out ?? join(ROOT, 'bench-results', q ? 'quick.json' : 'latest.json'),
@@ -1121,6 +1126,7 @@ async function main() {
       results.pacingFaults = f.results
     }
     if (opts.sections.has('13')) results.session = await sessionBench(opts, { emulator, row, note, log })
+    if (opts.sections.has('14')) results.inflight = await inflightBench(opts, { emulator, row, note, log })
   } finally {
     survivors = await closeAll()
   }

@@ -10,6 +10,8 @@
 //! flight — so each runs its cleanup (the DELETE of its process tree) — and waits up to
 //! [`TEARDOWN_WAIT`] for them to finish. Their callbacks are not called any more.
 
+mod trim;
+
 use std::collections::HashMap;
 use std::panic::AssertUnwindSafe;
 use std::sync::{Condvar, Mutex, OnceLock, PoisonError};
@@ -468,7 +470,8 @@ where
 {
     let gone = Abort::new();
     let registered = register(env, abort, gone.clone());
-    let fut = make(gone);
+    // Boxed, so the task napi spawns stays small whatever the call (see docs/benchmarks.md §14).
+    let fut = Box::pin(make(gone));
     env.spawn_future(async move {
         let _registered = registered;
         AssertUnwindSafe(fut)
@@ -805,6 +808,8 @@ fn run_command<'env>(
     let abort = cancel.abort.clone();
     spawn(env, Some(abort.clone()), |gone| async move {
         let parsed = config::parse_config(&client).and_then(|c| Ok((c, config::parse_params(&params)?)));
+        // Parsed: the JS values are not held while the command runs.
+        drop((client, params));
         let (mut cfg, params) = match parsed {
             Ok(p) => p,
             Err(e) => return Err(e).into(),
@@ -819,7 +824,9 @@ fn run_command<'env>(
             }
             None => (None, None),
         };
+        trim::note();
         let result = runner(cfg, params, abort, tx).await;
+        trim::note();
         // Every log call is delivered before the promise settles.
         if let Some(f) = forwarder {
             let _ = f.await;

@@ -25,6 +25,7 @@ export async function startInProcess(options = {}) {
     clearFaults: async () => emu.clearFaults(),
     createSandbox: async () => emu.createSandbox(),
     livePids: async () => emu.livePids(),
+    liveVirtual: async () => emu.liveVirtual(),
     close: () => emu.close(),
   }
 }
@@ -70,6 +71,7 @@ export async function startChild(options = {}) {
     clearFaults: () => call('clearFaults'),
     createSandbox: () => call('createSandbox'),
     livePids: () => call('livePids'),
+    liveVirtual: () => call('liveVirtual'),
     async close() {
       if (closed) return
       closed = true

@@ -522,6 +522,8 @@ impl Client {
         let Ok(key) = self.key_header() else { return HeldUpload::Unsent { attempted: false } };
         let sent = Arc::new(std::sync::OnceLock::new());
         let body = HeldBody { len: content.len() as u64, content: Some(content), release, sent: Arc::clone(&sent) };
+        // Its lane's slot is held until the upload ended (this function's end).
+        let (http, _slot) = http.lane(&url);
         let req = http
             .request(Method::PUT, url)
             .header("X-Api-Key", key)

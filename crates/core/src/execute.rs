@@ -113,7 +113,9 @@ pub async fn execute(
     // A panic anywhere in the run is an error like any other: it still goes through the
     // cleanup below (the cleanup has its own panic guard).
     let run = async {
-        AssertUnwindSafe(run_managed(&client, cfg, params, &ctx, &scripts, &mut output, &mut facts))
+        // Boxed: the caller's future stays small, and each phase below frees what it no longer
+        // needs (a command in flight holds only its follow; see docs/benchmarks.md §14).
+        AssertUnwindSafe(Box::pin(run_managed(&client, cfg, params, &ctx, &scripts, &mut output, &mut facts)))
             .catch_unwind()
             .await
             .unwrap_or(Err(Error::Internal(PANIC)))
@@ -153,8 +155,17 @@ pub async fn execute(
                 let began = aborted_at.map_or(now, |at| at.min(now));
                 let cleanup_ctx = cleanup_ctx(began, cfg.cleanup.deadline);
                 let mut steps = Steps::new();
-                let contained =
-                    cleanup::contain(&client, sb, &gate_path, &mut facts, &cfg.cleanup, &cleanup_ctx, &mut steps).await;
+                // Boxed (as every rare path here): a command in flight does not carry its size.
+                let contained = Box::pin(cleanup::contain(
+                    &client,
+                    sb,
+                    &gate_path,
+                    &mut facts,
+                    &cfg.cleanup,
+                    &cleanup_ctx,
+                    &mut steps,
+                ))
+                .await;
                 match contained {
                     Ok(c) => c,
                     Err(f) => {
@@ -274,12 +285,14 @@ async fn run_managed(
     // stream is attached (`open_gate`): its connection is ready when the gate must open. It
     // is polled in every phase below; dropping it before the release abandons it unsent.
     let (release, release_rx) = oneshot::channel();
-    let held = client.put_file_held(sb, gate_path, Bytes::from_static(script::GATE_CONTENT), release_rx, ctx);
-    let mut held = std::pin::pin!(held);
+    // Boxed, like the creation below: each is freed once it ended, so a command in flight
+    // holds only its follow.
+    let mut held =
+        Box::pin(client.put_file_held(sb, gate_path, Bytes::from_static(script::GATE_CONTENT), release_rx, ctx));
     let mut held_early = None;
     // Both are awaited to the end (never one dropped half-way), so what each did is known.
     let (staged, (created, create_rtt)) =
-        beside(async { tokio::join!(stage, create) }, held.as_mut(), &mut held_early).await;
+        beside(Box::pin(async { tokio::join!(stage, create) }), held.as_mut(), &mut held_early).await;
     facts.attempt = attempt.load(Ordering::Relaxed);
     let created = match created {
         Created::Answer(creation) => {
@@ -300,6 +313,8 @@ async fn run_managed(
             return Err(Error::Protocol(INVALID_RESOURCE_ID));
         }
     };
+    // The creation's answer (with the script it echoes) is not kept while the command runs.
+    drop(created);
     facts.process_id = Some(pid.clone());
     staged?;
     hooks::panic_at(cfg.panic_at, Phase::Create);
@@ -313,8 +328,9 @@ async fn run_managed(
         // content can (that waits for the attach, or the fallback after this request started).
         let following = follow::follow(client, sb, &pid, ctx, &mut sink, &cfg.follow, &mut facts.seen_alive);
         let fallback = create_rtt.clamp(GATE_FALLBACK_MIN, GATE_FALLBACK_MAX);
-        let held = HeldGate { release, upload: held.as_mut(), early: held_early, sent: &mut facts.gate_sent };
-        let gate = open_gate(client, sb, gate_path, ctx, cfg.timeout, fallback, (sending, rx), held);
+        let held = HeldGate { release, upload: held, early: held_early, sent: &mut facts.gate_sent };
+        // Boxed: `try_join!` drops it (and the held upload it owns) once the gate is open.
+        let gate = Box::pin(open_gate(client, sb, gate_path, ctx, cfg.timeout, fallback, (sending, rx), held));
         let (followed, ()) = tokio::try_join!(following, gate)?;
         followed
     };
@@ -326,7 +342,7 @@ async fn run_managed(
         let cleanup_ctx = Ctx::cleanup(cfg.cleanup.deadline);
         // What the follow saw (the exit said the tree was alive): a 404 now is no proof.
         let seen = &mut facts.seen_alive;
-        if cleanup::terminate(client, sb, &pid, &cfg.cleanup, &cleanup_ctx, &mut steps, seen).await.is_err() {
+        if Box::pin(cleanup::terminate(client, sb, &pid, &cfg.cleanup, &cleanup_ctx, &mut steps, seen)).await.is_err() {
             return Err(steps.report(CleanupReason::TerminationUnconfirmed, sb, Some(&pid)));
         }
     }
@@ -380,7 +396,7 @@ async fn beside<F: std::future::Future, G: std::future::Future>(
 /// The gate's upload, sent ahead with its content held (see [`Client::put_file_held`]).
 struct HeldGate<'a, G: std::future::Future<Output = HeldUpload>> {
     release: oneshot::Sender<()>,
-    upload: std::pin::Pin<&'a mut G>,
+    upload: std::pin::Pin<Box<G>>,
     /// Its outcome, when it ended before the release (then nothing was written).
     early: Option<HeldUpload>,
     /// Set once the gate's content may have been sent (by the release or a plain upload):

@@ -176,7 +176,7 @@ async fn follow_seen(
         let opened = match outcome? {
             Attempt::Exit(exit) => {
                 note(seen, exit.tree_exited);
-                let (done, newest) = complete(client, &base, exit, cursor, ctx, seen).await?;
+                let (done, newest) = Box::pin(complete(client, &base, exit, cursor, ctx, seen)).await?;
                 if newest < cursor {
                     return Err(Error::Protocol(JOURNAL_INVALID));
                 }
@@ -252,16 +252,16 @@ async fn connect_once(
     sink: &mut impl Sink,
     opts: &FollowOptions,
 ) -> Result<Attempt> {
-    let opened = client
-        .open_stream(
-            Operation::OutputConnection,
-            Method::GET,
-            &format!("{base}/connect?after={cursor}"),
-            Body::Empty,
-            ctx,
-            &mut || sink.sending(),
-        )
-        .await;
+    // Boxed: freed once the stream is open, so an idle follow holds only its reader.
+    let opened = Box::pin(client.open_stream(
+        Operation::OutputConnection,
+        Method::GET,
+        &format!("{base}/connect?after={cursor}"),
+        Body::Empty,
+        ctx,
+        &mut || sink.sending(),
+    ))
+    .await;
     match opened {
         Ok(resp) => {
             sink.connected().await;

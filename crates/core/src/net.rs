@@ -58,11 +58,29 @@
 //! **HTTP/2.** ALPN offers `h2` and `http/1.1`. A stream's flow-control window is 1 MiB and
 //! the connection's 32 MiB: a stream whose reader stalls (a slow `log`) holds at most its own
 //! 1 MiB of the connection's window, so up to 32 stalled streams cannot stall the others.
+//!
+//! **HTTP/2 lanes.** hyper-util's pool keeps one HTTP/2 connection per origin and multiplexes
+//! every request on it; once the server's concurrent-stream limit is reached, further
+//! requests wait inside the connection for a stream to end. The follows of commands in flight
+//! hold their streams for as long as the commands run, so the 101st would wait minutes, and
+//! so would a cleanup's DELETE: the proof must never queue behind them. So a configuration's
+//! client is a set of lanes ([`Http`]), each a reqwest client with its own pool, hence its own
+//! connection. An `https` request takes the first lane with fewer than
+//! [`H2_STREAMS_PER_CONNECTION`] (100) requests in flight, counted from the send until its
+//! answer's body is read to its end or dropped ([`Slot`]); when every lane is full a new lane
+//! opens a new connection. 100 is RFC 9113's recommended minimum for the limit a server
+//! announces (hyper's default is 200, nginx's 128, Go's 250); the announced value is not
+//! exposed by hyper's client, so a server announcing less than 100 can still make requests
+//! wait in its connection. Counts are per configuration, not per origin: a host that talks
+//! to several `https` origins at once opens new connections sooner than it must, never
+//! later. Over HTTP/1.1 (every plain `http` origin, and `https` servers that do not offer
+//! `h2`) a request has a connection to itself anyway: the lanes only split the idle pool.
 
 use std::collections::HashMap;
 use std::fmt;
 use std::net::IpAddr;
-use std::sync::{Mutex, OnceLock};
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex, OnceLock};
 use std::time::Duration;
 
 use crate::error::{Error, Result};
@@ -376,7 +394,7 @@ fn env_roots() -> &'static [reqwest::Certificate] {
     })
 }
 
-#[derive(PartialEq, Eq, Hash)]
+#[derive(Clone, PartialEq, Eq, Hash)]
 struct Key {
     proxy: Option<ProxyUrl>,
     ca_pem: Option<String>,
@@ -414,15 +432,89 @@ fn build(key: &Key) -> Result<reqwest::Client> {
     b.build().map_err(|_| FAILED)
 }
 
+/// Streams one HTTP/2 connection is given at most (see "HTTP/2 lanes" in the module doc).
+pub const H2_STREAMS_PER_CONNECTION: usize = 100;
+/// At most this many lanes per configuration; beyond, the least busy lane takes the request
+/// (its connection may then queue it: 25,600 concurrent requests are far past any host's use).
+const MAX_LANES: usize = 256;
+
+/// The process's HTTP client for one (proxy, trust, idle keep-alive) configuration: one or
+/// more reqwest clients ("lanes"), each with its own connection pool (see "HTTP/2 lanes" in
+/// the module doc). Cloning shares the lanes.
+#[derive(Clone)]
+pub struct Http(Arc<Lanes>);
+
+struct Lanes {
+    key: Key,
+    lanes: Mutex<Vec<Lane>>,
+}
+
+struct Lane {
+    client: reqwest::Client,
+    busy: Arc<AtomicUsize>,
+}
+
+/// A request's place on its lane, held until its answer's body is dropped or read to its end.
+pub struct Slot(Arc<AtomicUsize>);
+
+impl Drop for Slot {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::Relaxed);
+    }
+}
+
+impl Http {
+    fn new(key: Key) -> Result<Http> {
+        let first = Lane { client: build(&key)?, busy: Arc::default() };
+        Ok(Http(Arc::new(Lanes { key, lanes: Mutex::new(vec![first]) })))
+    }
+
+    /// The client a request to `url` goes through, and its slot. `https` requests (which
+    /// may be multiplexed on one HTTP/2 connection) take the first lane with fewer than
+    /// [`H2_STREAMS_PER_CONNECTION`] requests in flight, and a new lane when every lane is
+    /// full; plain `http` (HTTP/1.1 only: one request per connection anyway) always takes
+    /// the first.
+    pub fn lane(&self, url: &str) -> (reqwest::Client, Option<Slot>) {
+        let mut lanes = self.0.lanes.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        if !url.starts_with("https:") {
+            return (lanes[0].client.clone(), None);
+        }
+        let free = lanes.iter().position(|l| l.busy.load(Ordering::Relaxed) < H2_STREAMS_PER_CONNECTION);
+        let i = match free {
+            Some(i) => i,
+            None if lanes.len() < MAX_LANES => match build(&self.0.key) {
+                Ok(client) => {
+                    lanes.push(Lane { client, busy: Arc::default() });
+                    lanes.len() - 1
+                }
+                Err(_) => least_busy(&lanes),
+            },
+            None => least_busy(&lanes),
+        };
+        let lane = &lanes[i];
+        lane.busy.fetch_add(1, Ordering::Relaxed);
+        (lane.client.clone(), Some(Slot(Arc::clone(&lane.busy))))
+    }
+
+    /// How many lanes this configuration has opened (for tests and the bench).
+    pub fn lanes(&self) -> usize {
+        self.0.lanes.lock().unwrap_or_else(std::sync::PoisonError::into_inner).len()
+    }
+}
+
+fn least_busy(lanes: &[Lane]) -> usize {
+    (0..lanes.len()).min_by_key(|&i| lanes[i].busy.load(Ordering::Relaxed)).unwrap_or(0)
+}
+
 /// The process's HTTP client for this (proxy, trust, idle keep-alive) configuration.
-pub fn http_client(proxy: Option<&ProxyUrl>, ca_pem: Option<&str>, idle: Duration) -> Result<reqwest::Client> {
-    static CLIENTS: OnceLock<Mutex<HashMap<Key, reqwest::Client>>> = OnceLock::new();
+pub fn http_client(proxy: Option<&ProxyUrl>, ca_pem: Option<&str>, idle: Duration) -> Result<Http> {
+    static CLIENTS: OnceLock<Mutex<HashMap<Key, Http>>> = OnceLock::new();
     let key = Key { proxy: proxy.cloned(), ca_pem: ca_pem.map(str::to_owned), idle };
     let map = CLIENTS.get_or_init(Default::default);
     if let Some(c) = map.lock().unwrap_or_else(std::sync::PoisonError::into_inner).get(&key) {
         return Ok(c.clone());
     }
-    let client = build(&key)?;
+    let client = Http::new(key.clone())?;
     let mut m = map.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
     if let Some(c) = m.get(&key) {
         return Ok(c.clone());

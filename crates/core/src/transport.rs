@@ -135,9 +135,9 @@ pub struct BodyBroken;
 /// How a client sends its requests.
 #[derive(Clone)]
 pub enum Transport {
-    Native(reqwest::Client),
+    Native(net::Http),
     /// The host's fetch, and the native client for when the host is no longer usable.
-    Host(Arc<dyn HostFetch>, reqwest::Client),
+    Host(Arc<dyn HostFetch>, net::Http),
 }
 
 impl Transport {
@@ -153,7 +153,7 @@ impl Transport {
             Transport::Host(host, _) => {
                 let r = host.fetch(host_request(req)?).await?;
                 let status = StatusCode::from_u16(r.status).map_err(|_| SendError::Lost)?;
-                Ok(Response { status, inner: Inner::Host { headers: r.headers, body: r.body } })
+                Ok(Response { status, inner: Inner::Host { headers: r.headers, body: r.body }, slot: None })
             }
         }
     }
@@ -193,12 +193,13 @@ fn text_or_bytes(b: Bytes) -> HostBody {
     }
 }
 
-async fn send_native(http: &reqwest::Client, req: Request<'_>) -> Result<Response, SendError> {
+async fn send_native(http: &net::Http, req: Request<'_>) -> Result<Response, SendError> {
     if !key_is_sendable(req.key.expose_secret()) {
         return Err(SendError::BadKey);
     }
     let mut key = HeaderValue::from_str(req.key.expose_secret()).map_err(|_| SendError::BadKey)?;
     key.set_sensitive(true);
+    let (http, slot) = http.lane(&req.url);
     let mut r = http.request(req.method.clone(), req.url).header("X-Api-Key", key);
     r = match req.payload {
         Payload::Empty => r,
@@ -209,7 +210,7 @@ async fn send_native(http: &reqwest::Client, req: Request<'_>) -> Result<Respons
     if let Some(hint) = resp.headers().get("keep-alive").and_then(|v| v.to_str().ok()) {
         net::note_keep_alive(&resp.url().origin().ascii_serialization(), hint);
     }
-    Ok(Response::native(resp))
+    Ok(Response::native(resp).holding(slot))
 }
 
 /// A failed native send: a proxy that refused the tunnel or could not be reached, an
@@ -234,6 +235,8 @@ pub fn native_send_error(e: &reqwest::Error) -> SendError {
 pub struct Response {
     status: StatusCode,
     inner: Inner,
+    /// Its place on an HTTP/2 lane (`net::Http::lane`), given back with the body.
+    slot: Option<net::Slot>,
 }
 
 enum Inner {
@@ -243,7 +246,13 @@ enum Inner {
 
 impl Response {
     pub fn native(resp: reqwest::Response) -> Self {
-        Response { status: resp.status(), inner: Inner::Native(resp) }
+        Response { status: resp.status(), inner: Inner::Native(resp), slot: None }
+    }
+
+    /// The same answer, holding `slot` until its body is dropped.
+    pub fn holding(mut self, slot: Option<net::Slot>) -> Self {
+        self.slot = slot;
+        self
     }
 
     pub fn status(&self) -> StatusCode {
@@ -263,15 +272,16 @@ impl Response {
     /// The body, read as a stream of chunks (backpressure: nothing is read ahead of the
     /// consumer beyond the transport's own window).
     pub fn into_body(self) -> BodyStream {
+        let slot = self.slot;
         match self.inner {
-            Inner::Native(r) => BodyStream(BodyInner::Native(reqwest::Body::from(r))),
-            Inner::Host { body, .. } => BodyStream(BodyInner::Host(body)),
+            Inner::Native(r) => BodyStream(BodyInner::Native(reqwest::Body::from(r)), slot),
+            Inner::Host { body, .. } => BodyStream(BodyInner::Host(body), slot),
         }
     }
 }
 
 /// An answer's body as chunks; dropping it before the end cancels the exchange.
-pub struct BodyStream(BodyInner);
+pub struct BodyStream(BodyInner, Option<net::Slot>);
 
 enum BodyInner {
     Native(reqwest::Body),
@@ -282,10 +292,15 @@ impl Stream for BodyStream {
     type Item = Result<Bytes, BodyBroken>;
 
     fn poll_next(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Self::Item>> {
-        match &mut self.get_mut().0 {
+        let this = self.get_mut();
+        match &mut this.0 {
             BodyInner::Native(body) => loop {
                 return match std::task::ready!(http_body::Body::poll_frame(Pin::new(&mut *body), cx)) {
-                    None => Poll::Ready(None),
+                    None => {
+                        // Read to its end: the stream is closed, its lane has room again.
+                        this.1 = None;
+                        Poll::Ready(None)
+                    }
                     Some(Err(_)) => Poll::Ready(Some(Err(BodyBroken))),
                     Some(Ok(frame)) => match frame.into_data() {
                         Ok(data) => Poll::Ready(Some(Ok(data))),

@@ -1,0 +1,91 @@
+// §14 in flight: runs in a fresh node process (its RSS baseline is this process's own), so
+// the memory above idle belongs to the N commands in flight only.
+//
+// Protocol (fork IPC): the parent sends { url, apiKey, caPem, sandboxes, args }; the child
+// warms up (one short command: the runtime, the HTTP client and its threads exist), takes its
+// idle RSS and answers { idle }; then starts N = sandboxes.length commands at once (one per
+// sandbox, pacing off), answers { started } when every promise is pending; the parent tells
+// it { measure } once the emulator holds all N in flight and they settled; the child samples
+// RSS and CPU for `windowMs` and answers { measured }; it answers { done } when all settled,
+// with how many were exact.
+import { readFileSync } from 'node:fs'
+import { createRequire } from 'node:module'
+
+const require = createRequire(import.meta.url)
+const { loadLib } = require('./lib/load.cjs')
+
+const sleep = (ms) => new Promise((r) => setTimeout(r, ms))
+const next = () => new Promise((resolve) => process.once('message', resolve))
+const rss = () => process.memoryUsage().rss
+
+function openSockets() {
+  const { readdirSync, readlinkSync } = require('node:fs')
+  let n = 0
+  for (const fd of readdirSync('/proc/self/fd')) {
+    try {
+      if (readlinkSync(`/proc/self/fd/${fd}`).startsWith('socket:')) n++
+    } catch { /* closed meanwhile */ }
+  }
+  return n
+}
+
+async function main() {
+  const lib = loadLib()
+  const { url, apiKey, caPem, sandboxes, command, args, expected, windowMs } = await next()
+  const config = { apiUrl: url, timeoutMs: 600_000, pacing: 'off' }
+  if (caPem) config.caCertPem = caPem
+  const client = { config, apiKey }
+  await lib.execute(client, { lease: { providerLeaseId: sandboxes[0] }, command: 'createos-virtual', args: ['out:warm\n'] })
+  global.gc?.()
+  await sleep(300)
+  const idleSamples = []
+  for (let i = 0; i < 9; i++) {
+    idleSamples.push(rss())
+    await sleep(20)
+  }
+  idleSamples.sort((a, b) => a - b)
+  const idle = idleSamples[4]
+  const idleSockets = openSockets()
+  process.send({ idle })
+  await next()
+
+  const t0 = performance.now()
+  const calls = sandboxes.map((sb) => lib.execute(client, { lease: { providerLeaseId: sb }, command, args }))
+  const settled = Promise.allSettled(calls)
+  process.send({ started: performance.now() - t0 })
+  await next() // { measure }
+  global.gc?.()
+  await sleep(200)
+  const c0 = process.cpuUsage()
+  const w0 = performance.now()
+  const samples = []
+  while (performance.now() - w0 < windowMs) {
+    await sleep(250)
+    samples.push(rss())
+  }
+  const cpu = process.cpuUsage(c0)
+  const wall = (performance.now() - w0) / 1000
+  samples.sort((a, b) => a - b)
+  const inflightSockets = openSockets() - idleSockets
+  process.send({
+    measured: {
+      rssAbove: samples[samples.length >> 1] - idle,
+      cpuMsPerS: (cpu.user + cpu.system) / 1000 / wall,
+      sockets: inflightSockets,
+    },
+  })
+  const results = await settled
+  let exact = 0
+  let firstBad
+  for (const r of results) {
+    if (r.status === 'fulfilled' && r.value.stdout === expected && r.value.exitCode === 0 && !r.value.timedOut) exact++
+    else if (!firstBad) firstBad = r.status === 'fulfilled' ? JSON.stringify({ ...r.value, stdout: r.value.stdout.slice(0, 80) }).slice(0, 300) : String(r.reason && r.reason.message)
+  }
+  process.send({ done: { exact, total: results.length, ms: performance.now() - t0, firstBad } })
+  setTimeout(() => process.exit(0), 50)
+}
+
+main().catch((e) => {
+  process.send({ error: String(e && e.stack ? e.stack : e) })
+  setTimeout(() => process.exit(1), 50)
+})
