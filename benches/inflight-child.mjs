@@ -17,6 +17,9 @@ const { loadLib } = require('./lib/load.cjs')
 const sleep = (ms) => new Promise((r) => setTimeout(r, ms))
 const next = () => new Promise((resolve) => process.once('message', resolve))
 const rss = () => process.memoryUsage().rss
+// Anonymous resident memory (heap, stacks): RSS without the pages of the node binary and the
+// addon that code paths first taken under load fault in (a one-off cost, not per command).
+const anon = () => Number(/RssAnon:\s+(\d+)/.exec(readFileSync('/proc/self/status', 'utf8'))[1]) * 1024
 
 function openSockets() {
   const { readdirSync, readlinkSync } = require('node:fs')
@@ -45,6 +48,8 @@ async function main() {
   }
   idleSamples.sort((a, b) => a - b)
   const idle = idleSamples[4]
+  const idleUsage = process.memoryUsage()
+  const idleAnon = anon()
   const idleSockets = openSockets()
   process.send({ idle })
   await next()
@@ -67,11 +72,18 @@ async function main() {
   const wall = (performance.now() - w0) / 1000
   samples.sort((a, b) => a - b)
   const inflightSockets = openSockets() - idleSockets
+  // Where the bytes are: V8's heap (JS objects of the pending calls), memory V8 tracks outside
+  // it (buffers), and the rest of RSS (the native addon's allocations, its threads, libc).
+  global.gc?.()
+  const usage = process.memoryUsage()
   process.send({
     measured: {
       rssAbove: samples[samples.length >> 1] - idle,
       cpuMsPerS: (cpu.user + cpu.system) / 1000 / wall,
       sockets: inflightSockets,
+      heapAbove: usage.heapUsed - idleUsage.heapUsed,
+      anonAbove: anon() - idleAnon,
+      externalAbove: usage.external - idleUsage.external,
     },
   })
   const results = await settled

@@ -98,6 +98,8 @@ export async function inflightBench(opts, { emulator, row, note, log }) {
       out[`${proto}-${n}`] = list
       const label = `${n} in flight, ${proto === 'h2' ? 'HTTP/2 (TLS)' : 'HTTP/1.1'}`
       row('14', `${label}: RSS above idle per command`, stats(list.map((r) => r.rssAbove / n / 1024)), 'KB', 'target ≤ 16; TS module 10–56', 1)
+      row('14', `${label}: of which anonymous (not code pages)`, stats(list.map((r) => r.anonAbove / n / 1024)), 'KB', 'heap, stacks', 1)
+      row('14', `${label}: of which V8 heap per command`, stats(list.map((r) => r.heapAbove / n / 1024)), 'KB', 'JS objects of the pending calls', 1)
       row('14', `${label}: CPU per 100 idle streams`, stats(list.map((r) => (r.cpuMsPerS * 100) / n)), 'ms/s', 'issue baseline 4.0 (100) – 7.2 (50) ms/s', 2)
       row('14', `${label}: start of the ${n}`, stats(list.map((r) => r.startS)), 's', 'all created', 1)
       row('14', `${label}: client sockets open`, stats(list.map((r) => r.sockets)), '', proto === 'h2' ? `≈ ${Math.ceil(n / 100)} expected (100 streams each)` : `≈ ${n} expected`, 0)

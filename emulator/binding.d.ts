@@ -59,6 +59,8 @@ export declare class Emulator {
    * the processes of `/exec` commands.
    */
   liveProcessPids(): Array<number>
+  /** How many virtual processes (`virtualProcesses`) still run. */
+  liveVirtual(): number
   /** Stops serving, kills every tree it started, removes its files. */
   close(): Promise<void>
 }
@@ -105,4 +107,4 @@ export interface ProcessOutput {
 }
 
 /** Starts the local CreateOS emulator on 127.0.0.1. */
-export declare function startEmulator(options?: { port?: number; apiKey?: string; rateLimitPerMinute?: number | null; rateLimit?: { limit: number; windowMs: number } | null; journalBytes?: number; retainedBytes?: number | null; tls?: boolean; http2?: boolean; rttMs?: number; holdHeaders?: boolean; heartbeatMs?: number; tracking?: 'auto' | 'cgroup-v2' | 'cgroup-v1' | 'marker'; pidsMax?: number | null; profile?: 'full' | 'documented' | null; terminationScope?: 'group' | 'tree' | null } | undefined | null): Promise<Emulator>
+export declare function startEmulator(options?: { port?: number; apiKey?: string; rateLimitPerMinute?: number | null; rateLimit?: { limit: number; windowMs: number } | null; journalBytes?: number; retainedBytes?: number | null; tls?: boolean; http2?: boolean; rttMs?: number; holdHeaders?: boolean; heartbeatMs?: number; tracking?: 'auto' | 'cgroup-v2' | 'cgroup-v1' | 'marker'; pidsMax?: number | null; profile?: 'full' | 'documented' | null; terminationScope?: 'group' | 'tree' | null; virtualProcesses?: boolean } | undefined | null): Promise<Emulator>

@@ -80,6 +80,15 @@ export interface EmulatorOptions {
    * every process either way.
    */
   terminationScope?: 'group' | 'tree' | null
+  /**
+   * Play `createos-virtual` commands without starting a program (default false): given as
+   * `cmd`, or as the command a `createos-execute` script `exec`s. Its arguments are steps:
+   * `out:TEXT`, `err:TEXT`, `sleep:MS`, `exit:N`. The record, the output stream, `wait`, a
+   * DELETE and signals behave as for a process that obeys every signal at once; its pid is
+   * above any real one and nothing is ever signalled by it. For tests and benchmarks that hold
+   * thousands of commands in flight (see docs/emulator.md, "Virtual processes").
+   */
+  virtualProcesses?: boolean
 }
 
 /** Whom the DELETE of a process signals (see `EmulatorOptions.terminationScope`). */
@@ -251,6 +260,8 @@ export declare class Emulator {
    * `livePids()` less the processes of `/exec` commands.
    */
   liveProcessPids(): number[]
+  /** How many virtual processes (`virtualProcesses`) still run. */
+  liveVirtual(): number
   /** Ends every process it started and stops listening. */
   close(): Promise<void>
 }

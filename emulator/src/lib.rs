@@ -69,7 +69,7 @@ pub struct ProcessOutput {
 
 /// Starts the local CreateOS emulator on 127.0.0.1.
 #[napi(
-    ts_args_type = "options?: { port?: number; apiKey?: string; rateLimitPerMinute?: number | null; rateLimit?: { limit: number; windowMs: number } | null; journalBytes?: number; retainedBytes?: number | null; tls?: boolean; http2?: boolean; rttMs?: number; holdHeaders?: boolean; heartbeatMs?: number; tracking?: 'auto' | 'cgroup-v2' | 'cgroup-v1' | 'marker'; pidsMax?: number | null; profile?: 'full' | 'documented' | null; terminationScope?: 'group' | 'tree' | null } | undefined | null"
+    ts_args_type = "options?: { port?: number; apiKey?: string; rateLimitPerMinute?: number | null; rateLimit?: { limit: number; windowMs: number } | null; journalBytes?: number; retainedBytes?: number | null; tls?: boolean; http2?: boolean; rttMs?: number; holdHeaders?: boolean; heartbeatMs?: number; tracking?: 'auto' | 'cgroup-v2' | 'cgroup-v1' | 'marker'; pidsMax?: number | null; profile?: 'full' | 'documented' | null; terminationScope?: 'group' | 'tree' | null; virtualProcesses?: boolean } | undefined | null"
 )]
 pub async fn start_emulator(options: Option<Value>) -> Result<Emulator> {
     let opts: EmulatorOptions = match options {
@@ -196,6 +196,12 @@ impl Emulator {
     #[napi]
     pub fn live_process_pids(&self) -> Vec<i32> {
         self.inner.live_process_pids()
+    }
+
+    /// How many virtual processes (`virtualProcesses`) still run.
+    #[napi]
+    pub fn live_virtual(&self) -> u32 {
+        u32::try_from(self.inner.live_virtual()).unwrap_or(u32::MAX)
     }
 
     /// Stops serving, kills every tree it started, removes its files.

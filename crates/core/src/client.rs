@@ -523,7 +523,10 @@ impl Client {
         let sent = Arc::new(std::sync::OnceLock::new());
         let body = HeldBody { len: content.len() as u64, content: Some(content), release, sent: Arc::clone(&sent) };
         // Its lane's slot is held until the upload ended (this function's end).
-        let (http, _slot) = http.lane(&url);
+        let (http, slot) = http.lane(&url);
+        if let Some(s) = &slot {
+            drop(s.first(false).await);
+        }
         let req = http
             .request(Method::PUT, url)
             .header("X-Api-Key", key)
@@ -533,6 +536,9 @@ impl Client {
         let result = ctx
             .run(async {
                 let resp = req.send().await.map_err(|e| send_error(transport::native_send_error(&e), op))?;
+                if let Some(s) = &slot {
+                    s.answered();
+                }
                 self.answer(Response::native(resp), op).await.map(drop)
             })
             .await;

@@ -75,11 +75,16 @@
 //! to several `https` origins at once opens new connections sooner than it must, never
 //! later. Over HTTP/1.1 (every plain `http` origin, and `https` servers that do not offer
 //! `h2`) a request has a connection to itself anyway: the lanes only split the idle pool.
+//! A new lane's pool does not know its origin speaks HTTP/2 until a TLS handshake's ALPN
+//! said so, and opens a connection for every request of a burst meanwhile (1,000 commands
+//! started at once: 1,000 connections, closed idle moments later). So a lane's first request
+//! goes alone and the others wait for its answer ([`Slot::first`]): 251 commands at once open
+//! 5 connections (`__test__/inflight.test.mjs`).
 
 use std::collections::HashMap;
 use std::fmt;
 use std::net::IpAddr;
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
 use std::time::Duration;
 
@@ -451,21 +456,65 @@ struct Lanes {
 
 struct Lane {
     client: reqwest::Client,
-    busy: Arc<AtomicUsize>,
+    state: Arc<LaneState>,
 }
 
+#[derive(Default)]
+struct LaneState {
+    /// Requests in flight on the lane.
+    busy: AtomicUsize,
+    /// The lane has had an answer: its pool holds a connection whose protocol is known.
+    known: AtomicBool,
+    /// Held by the first request of a lane whose protocol is not known yet (see
+    /// [`Slot::first`]).
+    opening: tokio::sync::Mutex<()>,
+}
+
+/// How long a request waits for the first answer of its lane before it opens a connection of
+/// its own.
+const FIRST_ANSWER_WAIT: Duration = Duration::from_secs(10);
+
 /// A request's place on its lane, held until its answer's body is dropped or read to its end.
-pub struct Slot(Arc<AtomicUsize>);
+pub struct Slot(Arc<LaneState>);
 
 impl Drop for Slot {
     fn drop(&mut self) {
-        self.0.fetch_sub(1, Ordering::Relaxed);
+        self.0.busy.fetch_sub(1, Ordering::Relaxed);
+    }
+}
+
+/// Holds a lane for its first request until that request has an answer ([`Slot::first`]).
+pub struct Opening<'a>(#[allow(dead_code)] Option<tokio::sync::MutexGuard<'a, ()>>);
+
+impl Slot {
+    /// Before a request is sent on a lane whose protocol is not known yet (no answer came on
+    /// it): a pool that does not know yet that its origin speaks HTTP/2 (ALPN tells only once
+    /// the TLS handshake is done) opens a connection for every request of a burst, and 1,000
+    /// commands started at once would open 1,000 connections to be closed idle a moment later.
+    /// So the first request of a lane goes alone: the others wait (at most
+    /// [`FIRST_ANSWER_WAIT`]) until it has an answer, or until it failed (then the next one
+    /// goes alone). The returned value is held until the answer came and [`Slot::answered`]
+    /// was called. With `hold` false (a request whose answer comes late by design, like a
+    /// held upload) the wait is the same but nothing is held: it never makes others wait.
+    pub async fn first(&self, hold: bool) -> Opening<'_> {
+        if self.0.known.load(Ordering::Acquire) {
+            return Opening(None);
+        }
+        match tokio::time::timeout(FIRST_ANSWER_WAIT, self.0.opening.lock()).await {
+            Ok(guard) if hold && !self.0.known.load(Ordering::Acquire) => Opening(Some(guard)),
+            _ => Opening(None),
+        }
+    }
+
+    /// An answer came on this lane: its pool knows the connection's protocol.
+    pub fn answered(&self) {
+        self.0.known.store(true, Ordering::Release);
     }
 }
 
 impl Http {
     fn new(key: Key) -> Result<Http> {
-        let first = Lane { client: build(&key)?, busy: Arc::default() };
+        let first = Lane { client: build(&key)?, state: Arc::default() };
         Ok(Http(Arc::new(Lanes { key, lanes: Mutex::new(vec![first]) })))
     }
 
@@ -479,12 +528,12 @@ impl Http {
         if !url.starts_with("https:") {
             return (lanes[0].client.clone(), None);
         }
-        let free = lanes.iter().position(|l| l.busy.load(Ordering::Relaxed) < H2_STREAMS_PER_CONNECTION);
+        let free = lanes.iter().position(|l| l.state.busy.load(Ordering::Relaxed) < H2_STREAMS_PER_CONNECTION);
         let i = match free {
             Some(i) => i,
             None if lanes.len() < MAX_LANES => match build(&self.0.key) {
                 Ok(client) => {
-                    lanes.push(Lane { client, busy: Arc::default() });
+                    lanes.push(Lane { client, state: Arc::default() });
                     lanes.len() - 1
                 }
                 Err(_) => least_busy(&lanes),
@@ -492,8 +541,8 @@ impl Http {
             None => least_busy(&lanes),
         };
         let lane = &lanes[i];
-        lane.busy.fetch_add(1, Ordering::Relaxed);
-        (lane.client.clone(), Some(Slot(Arc::clone(&lane.busy))))
+        lane.state.busy.fetch_add(1, Ordering::Relaxed);
+        (lane.client.clone(), Some(Slot(Arc::clone(&lane.state))))
     }
 
     /// How many lanes this configuration has opened (for tests and the bench).
@@ -503,7 +552,7 @@ impl Http {
 }
 
 fn least_busy(lanes: &[Lane]) -> usize {
-    (0..lanes.len()).min_by_key(|&i| lanes[i].busy.load(Ordering::Relaxed)).unwrap_or(0)
+    (0..lanes.len()).min_by_key(|&i| lanes[i].state.busy.load(Ordering::Relaxed)).unwrap_or(0)
 }
 
 /// The process's HTTP client for this (proxy, trust, idle keep-alive) configuration.

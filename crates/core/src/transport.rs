@@ -206,7 +206,15 @@ async fn send_native(http: &net::Http, req: Request<'_>) -> Result<Response, Sen
         Payload::Json(b) => r.header(CONTENT_TYPE, "application/json").body(b),
         Payload::Octets(b) => r.header(CONTENT_TYPE, "application/octet-stream").body(b),
     };
+    let opening = match &slot {
+        Some(s) => Some(s.first(true).await),
+        None => None,
+    };
     let resp = r.send().await.map_err(|e| native_send_error(&e))?;
+    if let Some(s) = &slot {
+        s.answered();
+    }
+    drop(opening);
     if let Some(hint) = resp.headers().get("keep-alive").and_then(|v| v.to_str().ok()) {
         net::note_keep_alive(&resp.url().origin().ascii_serialization(), hint);
     }

@@ -147,11 +147,12 @@ mod retention;
 mod server;
 mod streams;
 mod tls;
+mod virt;
 
 use std::collections::{HashMap, HashSet, VecDeque};
 use std::net::SocketAddr;
 use std::path::PathBuf;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -407,6 +408,9 @@ pub struct EmulatorOptions {
     /// `full`. A sandbox DELETE and [`Emulator::close`] end every process of every tree
     /// whatever the scope (they are the emulator's own housekeeping).
     pub termination_scope: Option<TerminationScope>,
+    /// Play `createos-virtual` commands without starting a program ([`crate::virt`]): ten
+    /// thousand commands in flight cost tasks, not processes. Default false.
+    pub virtual_processes: bool,
 }
 
 impl Default for EmulatorOptions {
@@ -428,6 +432,7 @@ impl Default for EmulatorOptions {
             pids_max: Some(DEFAULT_PIDS_MAX),
             profile: None,
             termination_scope: None,
+            virtual_processes: false,
         }
     }
 }
@@ -528,6 +533,10 @@ pub(crate) struct Inner {
     pub closed: AtomicBool,
     pub serve_task: Mutex<Option<JoinHandle<()>>>,
     pub reaper_task: Mutex<Option<JoinHandle<()>>>,
+    /// [`EmulatorOptions::virtual_processes`].
+    pub virtual_processes: bool,
+    /// Virtual processes still running.
+    pub live_virtual: AtomicUsize,
 }
 
 impl Inner {
@@ -674,6 +683,8 @@ pub async fn start(opts: EmulatorOptions) -> std::io::Result<Emulator> {
         closed: AtomicBool::new(false),
         serve_task: Mutex::new(None),
         reaper_task: Mutex::new(None),
+        virtual_processes: opts.virtual_processes,
+        live_virtual: AtomicUsize::new(0),
     });
     let net =
         net::NetConfig { tls: tls.map(|t| t.acceptor), http2: opts.http2, rtt: Duration::from_millis(opts.rtt_ms) };
@@ -797,6 +808,11 @@ impl Emulator {
 
     /// Every still-alive (non-zombie) pid of this emulator's trees: in one of its cgroups,
     /// carrying its marker, or in a process group it started.
+    /// How many virtual processes ([`EmulatorOptions::virtual_processes`]) still run.
+    pub fn live_virtual(&self) -> usize {
+        self.inner.live_virtual.load(Ordering::SeqCst)
+    }
+
     pub fn live_pids(&self) -> Vec<i32> {
         self.live(false)
     }

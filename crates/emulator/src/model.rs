@@ -97,11 +97,11 @@ pub(crate) enum Read {
 }
 
 impl Journal {
-    fn new(cap: usize) -> Journal {
+    pub(crate) fn new(cap: usize) -> Journal {
         Journal { frames: VecDeque::new(), bytes: 0, cap, newest: 0 }
     }
 
-    fn push(&mut self, stream: u8, data: Bytes) {
+    pub(crate) fn push(&mut self, stream: u8, data: Bytes) {
         self.newest += 1;
         self.bytes += data.len();
         self.frames.push_back(Frame { seq: self.newest, stream, data });
@@ -216,6 +216,8 @@ pub(crate) struct Proc {
     /// Duplicates of the stdout and stderr read ends, to ask how many bytes still wait in the
     /// pipes (`FIONREAD`) while the exit frame waits for them; dropped once it is sent.
     pub peek: Mutex<Vec<std::os::fd::OwnedFd>>,
+    /// A virtual process's signals ([`crate::virt`]); `None` for a real program.
+    pub virt: Option<crate::virt::Control>,
 }
 
 /// Running, or exited and not yet handed to the retention budget.
@@ -300,6 +302,8 @@ pub(crate) struct Sandbox {
     /// Every marker used in this sandbox (processes and execs) and every leader pid.
     pub markers: Mutex<HashSet<String>>,
     pub leaders: Mutex<HashSet<i32>>,
+    /// Woken by every Files API write (a virtual process's start gate waits on it).
+    pub files: tokio::sync::Notify,
 }
 
 impl Sandbox {
@@ -372,6 +376,7 @@ pub(crate) fn create_sandbox(inner: &Arc<Inner>, shape: Value) -> std::io::Resul
         procs: Mutex::new(Vec::new()),
         markers: Mutex::new(HashSet::new()),
         leaders: Mutex::new(HashSet::new()),
+        files: tokio::sync::Notify::new(),
     });
     inner.sandboxes.lock().unwrap().insert(id, sb.clone());
     Ok(sb)
@@ -514,6 +519,12 @@ pub(crate) fn start_process(
     // not a refusal: the process starts in the workspace, and a command that needs that
     // directory says so itself (the client's script `cd`s there and reports a failure).
     let cwd = if cwd.is_dir() { cwd } else { sb.workspace.clone() };
+    if inner.virtual_processes {
+        if let Some(plan) = crate::virt::plan(cmd, &args) {
+            let shown = cwd_req.map(str::to_string).unwrap_or_else(|| cwd.to_string_lossy().into_owned());
+            return Ok(crate::virt::start(inner, sb, cmd, args, shown, plan));
+        }
+    }
     let id = new_hex_id("proc_");
     let (mut child, marker) = spawn_marked(
         inner,
@@ -552,6 +563,7 @@ pub(crate) fn start_process(
         kept: AtomicU8::new(KEPT_LIVE),
         exit_sent: AtomicBool::new(false),
         peek: Mutex::new(peek),
+        virt: None,
     });
     sb.procs.lock().unwrap().push(proc.clone());
     if let Some(out) = child.stdout.take() {
@@ -592,7 +604,7 @@ async fn pump<R: tokio::io::AsyncRead + Unpin>(inner: Arc<Inner>, proc: Arc<Proc
 /// process's output to the retention budget and drop the output of the oldest exited processes
 /// while the budget is exceeded. Runs once per process; a no-op before that moment and for a
 /// process whose sandbox was deleted.
-fn retire(inner: &Inner, proc: &Arc<Proc>) {
+pub(crate) fn retire(inner: &Inner, proc: &Arc<Proc>) {
     {
         let st = proc.st.lock().unwrap();
         if !st.leader_exited || st.eof != [true, true] {
@@ -724,7 +736,7 @@ pub(crate) async fn reaper(inner: Arc<Inner>) {
             let sbs = inner.sandboxes.lock().unwrap();
             sbs.values()
                 .flat_map(|sb| sb.procs.lock().unwrap().clone())
-                .filter(|p| !p.st.lock().unwrap().tree_exited_real)
+                .filter(|p| p.virt.is_none() && !p.st.lock().unwrap().tree_exited_real)
                 .collect()
         };
         let groups: HashMap<i32, u8> = inner.groups.lock().unwrap().clone();
@@ -867,6 +879,9 @@ async fn kill_tree(inner: &Inner, p: &Arc<Proc>, filter: &Filter, deadline: Inst
 /// to the whole tree or to the leader's process group only ([`TerminationScope`]). Returns
 /// whether the tree (every descendant, whatever the scope) is gone.
 pub(crate) async fn terminate(inner: &Inner, p: &Arc<Proc>, grace: Duration) -> bool {
+    if let Some(ctl) = &p.virt {
+        return crate::virt::terminate(p, ctl, grace).await;
+    }
     if p.st.lock().unwrap().tree_exited_real {
         return true;
     }
@@ -971,6 +986,9 @@ async fn terminate_group(inner: &Inner, p: &Arc<Proc>, grace: Option<Duration>) 
 /// [`TerminationScope::Group`], the leader's process group only (a DELETE without the
 /// grace). Returns whether the tree is gone.
 pub(crate) async fn kill_now(inner: &Inner, p: &Arc<Proc>) -> bool {
+    if let Some(ctl) = &p.virt {
+        return crate::virt::kill_now(p, ctl).await;
+    }
     let gone = match inner.termination {
         TerminationScope::Tree => {
             let filter = p.filter(inner);

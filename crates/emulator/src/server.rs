@@ -617,6 +617,9 @@ async fn delete_sandbox(inner: &Arc<Inner>, sb: Arc<Sandbox>) -> Response {
     inner.sandboxes.lock().unwrap().remove(&sb.id);
     procfs::kill_until_gone(sb.filter(inner), Instant::now() + Duration::from_secs(5)).await;
     let procs = sb.procs.lock().unwrap().clone();
+    for ctl in procs.iter().filter_map(|p| p.virt.as_ref()) {
+        ctl.deliver(nix::sys::signal::Signal::SIGKILL);
+    }
     for p in procs {
         let leader = p.st.lock().unwrap().leader_exited;
         if !leader {
@@ -661,7 +664,9 @@ async fn put_file(sb: &Sandbox, query: &HashMap<String, String>, body: Bytes, pr
         return fail(StatusCode::BAD_REQUEST, json!({"path":"is a directory"}));
     }
     let n = body.len();
-    match tokio::fs::write(&host, &body).await {
+    let written = tokio::fs::write(&host, &body).await;
+    sb.files.notify_waiters();
+    match written {
         // The shape of an upload's `data` is not documented: the documented profile sends none.
         Ok(()) if profile == Profile::Documented => ok(StatusCode::OK, json!({})),
         Ok(()) => ok(StatusCode::OK, json!({"path": p, "bytes": n})),
@@ -888,6 +893,12 @@ fn signal(inner: &Inner, p: Arc<Proc>, body: Bytes) -> Response {
         return fail(StatusCode::BAD_REQUEST, json!({"signal":"unknown or missing signal name"}));
     };
     let leader_exited = p.st.lock().unwrap().leader_exited;
+    if let Some(ctl) = &p.virt {
+        if !leader_exited {
+            ctl.deliver(sig);
+        }
+        return ok(StatusCode::OK, p.to_json());
+    }
     let group_live = inner.groups.lock().unwrap().contains_key(&p.pid);
     let pid = nix::unistd::Pid::from_raw(p.pid);
     if group_live && nix::sys::signal::killpg(pid, sig).is_err() && !leader_exited {
