@@ -6,6 +6,9 @@
 import { test, after } from 'node:test'
 import assert from 'node:assert/strict'
 import http from 'node:http'
+import diagnostics_channel from 'node:diagnostics_channel'
+import { spawn } from 'node:child_process'
+import { once } from 'node:events'
 import { lib, startEmu, bashParams, sleep, liveOfCalls, sessionMode, sessionConfig } from './helpers.mjs'
 import { fileURLToPath } from 'node:url'
 
@@ -253,6 +256,62 @@ test(`${SLOW_N} concurrent commands against a slow server with a 5 s keep-alive 
     while (liveOfCalls(slowCtx.emu).length && Date.now() < end) await sleep(20)
     assert.deepEqual(liveOfCalls(slowCtx.emu), [], 'no process of any call is alive')
   } finally {
+    await proxy.close()
+  }
+})
+
+// The waves again with the machine busy (issue 32): two processes spin for the whole test, as
+// many as this machine has cores, beside the emulator, the proxy and the client. Every HTTP
+// attempt that got no answer is collected from the diagnostics channel (its operation and
+// outcome) and printed, so a failure says which request failed and how; every command must
+// succeed all the same.
+const LOADED_N = Number(process.env.CREATEOS_KEEPALIVE_LOADED_N || 200)
+let loadedCtx
+after(async () => { if (loadedCtx) await loadedCtx.close(FILE) })
+test(`${LOADED_N} concurrent commands with the machine loaded, around a 5 s keep-alive: all succeed`, { timeout: 300_000 }, async () => {
+  loadedCtx = await startEmu()
+  const proxy = await reverseProxy(loadedCtx.url, KEEP_ALIVE_MS)
+  const hogs = Array.from({ length: 2 }, () => spawn(process.execPath, ['-e', 'for (;;) {}'], { stdio: 'ignore' }))
+  const attempts = new Map()
+  const onRequest = (m) => {
+    const key = `${m.operation}: ${m.outcome}`
+    attempts.set(key, (attempts.get(key) ?? 0) + 1)
+  }
+  diagnostics_channel.subscribe('createos-execute:request', onRequest)
+  try {
+    const sbs = sandboxesFor(loadedCtx, LOADED_N)
+    const client = { config: { apiUrl: proxy.url, timeoutMs: 60_000, pacing: 'off', ...sessionConfig() }, apiKey: loadedCtx.apiKey }
+    const gaps = [4900, 5000]
+    const failures = []
+    const roundMs = []
+    for (let round = 0; round <= gaps.length; round++) {
+      if (round > 0) await sleep(gaps[round - 1])
+      const started = Date.now()
+      const results = await Promise.allSettled(
+        Array.from({ length: LOADED_N }, (_, i) => execute(client, bashParams(sbs[i % sbs.length], `sleep 1; echo l${round}-${i}`))),
+      )
+      roundMs.push(Date.now() - started)
+      results.forEach((r, i) => {
+        if (!(r.status === 'fulfilled' && r.value.exitCode === 0 && r.value.stdout === `l${round}-${i}\n`)) {
+          failures.push(r.status === 'fulfilled' ? JSON.stringify(r.value).slice(0, 200) : `${r.reason?.code} ${r.reason?.message}`)
+        }
+      })
+    }
+    const unanswered = [...attempts].filter(([k]) => !/: (ok|http error)$/.test(k))
+    console.log(`loaded keep-alive: ${(gaps.length + 1) * LOADED_N - failures.length}/${(gaps.length + 1) * LOADED_N} ok; ` +
+      `rounds took ${roundMs.join(', ')} ms; server saw ${proxy.seen.requests} requests on ${proxy.seen.connections} connections; ` +
+      `attempts without an answer: ${unanswered.length ? unanswered.map(([k, n]) => `${k} × ${n}`).join(', ') : 'none'}; ` +
+      `client errors ${proxy.seen.clientErrors}, upstream errors ${proxy.seen.upstreamErrors}`)
+    assert.deepEqual(failures.slice(0, 5), [], `${failures.length} commands failed`)
+    assert.ok([...attempts.keys()].some((k) => k.startsWith('process creation: ok')), 'the diagnostics channel saw the creations')
+    await endSessions(loadedCtx, sbs)
+    const end = Date.now() + 5000
+    while (liveOfCalls(loadedCtx.emu).length && Date.now() < end) await sleep(20)
+    assert.deepEqual(liveOfCalls(loadedCtx.emu), [], 'no process of any call is alive')
+  } finally {
+    diagnostics_channel.unsubscribe('createos-execute:request', onRequest)
+    for (const h of hogs) h.kill('SIGKILL')
+    await Promise.all(hogs.map((h) => (h.exitCode !== null || h.signalCode !== null ? null : once(h, 'exit'))))
     await proxy.close()
   }
 })

@@ -34,7 +34,7 @@ function openSockets() {
 
 async function main() {
   const lib = loadLib()
-  const { url, apiKey, caPem, sandboxes, command, args, expected, windowMs } = await next()
+  const { url, apiKey, caPem, sandboxes, command, args, expected, windowMs, wave = 0, waveGapMs = 0 } = await next()
   const config = { apiUrl: url, timeoutMs: 600_000, pacing: 'off' }
   if (caPem) config.caCertPem = caPem
   const client = { config, apiKey }
@@ -55,7 +55,14 @@ async function main() {
   await next()
 
   const t0 = performance.now()
-  const calls = sandboxes.map((sb) => lib.execute(client, { lease: { providerLeaseId: sb }, command, args }))
+  // In waves of `wave` (all at once when it is 0): a start holds up to three connections
+  // over HTTP/1.1 (the creation, the held upload, the follow), so 10,000 at once would need
+  // 30,000 sockets on each side; a wave's extra connections return to the pool for the next.
+  const calls = []
+  for (const sb of sandboxes) {
+    calls.push(lib.execute(client, { lease: { providerLeaseId: sb }, command, args }))
+    if (wave && calls.length % wave === 0 && calls.length < sandboxes.length) await sleep(waveGapMs)
+  }
   const settled = Promise.allSettled(calls)
   process.send({ started: performance.now() - t0 })
   await next() // { measure }

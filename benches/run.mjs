@@ -46,8 +46,9 @@
 // commands per minute on a 300-per-minute budget (scaled in time).
 //
 // §14 (in flight, benches/inflight.mjs): 100, 1,000 and 10,000 commands in flight (--quick:
-// 1,000) over HTTP/1.1 and HTTP/2: RSS above idle per command, CPU per 100 idle streams, the
-// client's sockets, start time, and every command exact.
+// 1,000) over HTTP/1.1 and HTTP/2, against the emulator's virtual processes, started in waves
+// of 1,000: RSS above idle per command (and its anonymous part and V8's heap), CPU per 100 idle
+// streams, the client's sockets, start time, and every command exact.
 //
 // Nothing here asserts timings: the machine may be noisy. Targets are printed beside
 // the numbers for the reader.

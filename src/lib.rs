@@ -807,25 +807,12 @@ fn run_command<'env>(
 ) -> Result<PromiseRaw<'env, ExecuteOutcome>> {
     let abort = cancel.abort.clone();
     spawn(env, Some(abort.clone()), |gone| async move {
-        let parsed = config::parse_config(&client).and_then(|c| Ok((c, config::parse_params(&params)?)));
-        // Parsed: the JS values are not held while the command runs.
-        drop((client, params));
-        let (mut cfg, params) = match parsed {
-            Ok(p) => p,
+        let (run, forwarder, events) = match prepare(client, params, on_log, on_diag, on_fetch, gone, abort, runner) {
+            Ok(started) => started,
             Err(e) => return Err(e).into(),
         };
-        let (sink, events) = event_sink(on_diag, gone.clone());
-        cfg.events = sink;
-        cfg.host_fetch = host_fetch(on_fetch, &gone);
-        let (tx, forwarder) = match on_log {
-            Some(log) => {
-                let (tx, rx) = mpsc::channel(LOG_QUEUE);
-                (Some(tx), Some(tokio::spawn(forward_logs(rx, log, gone))))
-            }
-            None => (None, None),
-        };
         trim::note();
-        let result = runner(cfg, params, abort, tx).await;
+        let result = run.await;
         trim::note();
         // Every log call is delivered before the promise settles.
         if let Some(f) = forwarder {
@@ -836,6 +823,45 @@ fn run_command<'env>(
         }
         result.map(execute_value).into()
     })
+}
+
+/// A command's run (not polled yet), its log forwarder and its event forwarder.
+type Prepared = (
+    std::pin::Pin<Box<dyn std::future::Future<Output = std::result::Result<ExecuteResult, Error>> + Send>>,
+    Option<tokio::task::JoinHandle<()>>,
+    Option<EventForwarder>,
+);
+
+/// Parses the call's values (dropping the JS values) and builds its run. A plain function, so
+/// that the parsed config and params live in the run's future only: a future keeps room for
+/// every local whose scope spans one of its awaits, moved out or not, for as long as the
+/// command is in flight.
+#[allow(clippy::too_many_arguments)] // the napi arguments, passed through
+fn prepare(
+    client: Value,
+    params: Value,
+    on_log: Option<LogFn>,
+    on_diag: Option<DiagFn>,
+    on_fetch: Option<FetchFn>,
+    gone: Abort,
+    abort: Abort,
+    runner: Runner,
+) -> std::result::Result<Prepared, Error> {
+    let parsed = config::parse_config(&client).and_then(|c| Ok((c, config::parse_params(&params)?)));
+    // Parsed: the JS values are not held while the command runs.
+    drop((client, params));
+    let (mut cfg, params) = parsed?;
+    let (sink, events) = event_sink(on_diag, gone.clone());
+    cfg.events = sink;
+    cfg.host_fetch = host_fetch(on_fetch, &gone);
+    let (tx, forwarder) = match on_log {
+        Some(log) => {
+            let (tx, rx) = mpsc::channel(LOG_QUEUE);
+            (Some(tx), Some(tokio::spawn(forward_logs(rx, log, gone))))
+        }
+        None => (None, None),
+    };
+    Ok((runner(cfg, params, abort, tx), forwarder, events))
 }
 
 /// Runs a command through a managed process (see `execute.rs`).

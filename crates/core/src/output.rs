@@ -861,7 +861,13 @@ impl Output {
     }
 
     /// Flushes the decoders (a dangling partial sequence becomes U+FFFD) and returns the tails.
-    pub async fn finish(mut self) -> Captured {
+    /// Boxed: the future holds the whole `Output`, and a caller that awaits it in one branch
+    /// would otherwise carry its size through every other await (a command in flight, too).
+    pub fn finish(self) -> std::pin::Pin<Box<impl std::future::Future<Output = Captured> + Send>> {
+        Box::pin(self.finish_now())
+    }
+
+    async fn finish_now(mut self) -> Captured {
         for stream in [StreamKind::Stdout, StreamKind::Stderr] {
             let mut text = String::new();
             self.capture(stream).decoder.finish_into(&mut text);
