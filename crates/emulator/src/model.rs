@@ -97,7 +97,7 @@ pub(crate) enum Read {
 }
 
 impl Journal {
-    pub(crate) fn new(cap: usize) -> Journal {
+    fn new(cap: usize) -> Journal {
         Journal { frames: VecDeque::new(), bytes: 0, cap, newest: 0 }
     }
 
@@ -230,6 +230,34 @@ pub(crate) const KEPT_EVICTED: u8 = 2;
 pub(crate) const KEPT_REMOVED: u8 = 3;
 
 impl Proc {
+    /// A process record as it starts: no output, no cgroup, no stdin, no pipes, not virtual
+    /// (callers set what they have with struct update syntax).
+    pub fn fresh(inner: &Inner, id: String, pid: i32, cmd: &str, args: Vec<String>, cwd: String) -> Proc {
+        let (tx, _rx) = watch::channel(0u64);
+        Proc {
+            marker: inner.marker_for(&id),
+            id,
+            leaf: None,
+            pid,
+            cmd: cmd.to_string(),
+            args,
+            cwd,
+            created_at: rfc3339_now(),
+            st: Mutex::new(ProcState::default()),
+            journal: Mutex::new(Journal::new(inner.journal_bytes)),
+            tx,
+            stdin: tokio::sync::Mutex::new(None),
+            stdin_closed: AtomicBool::new(false),
+            input_seq: AtomicU64::new(0),
+            capture: Mutex::new([Vec::new(), Vec::new()]),
+            key: inner.next_key.fetch_add(1, Ordering::Relaxed),
+            kept: AtomicU8::new(KEPT_LIVE),
+            exit_sent: AtomicBool::new(false),
+            peek: Mutex::new(Vec::new()),
+            virt: None,
+        }
+    }
+
     pub fn bump(&self) {
         self.tx.send_modify(|v| *v = v.wrapping_add(1));
     }
@@ -519,10 +547,11 @@ pub(crate) fn start_process(
     // not a refusal: the process starts in the workspace, and a command that needs that
     // directory says so itself (the client's script `cd`s there and reports a failure).
     let cwd = if cwd.is_dir() { cwd } else { sb.workspace.clone() };
+    // The record shows the `cwd` asked for, else the directory it runs in.
+    let shown_cwd = cwd_req.map(str::to_string).unwrap_or_else(|| cwd.to_string_lossy().into_owned());
     if inner.virtual_processes {
         if let Some(plan) = crate::virt::plan(cmd, &args) {
-            let shown = cwd_req.map(str::to_string).unwrap_or_else(|| cwd.to_string_lossy().into_owned());
-            return Ok(crate::virt::start(inner, sb, cmd, args, shown, plan));
+            return Ok(crate::virt::start(inner, sb, cmd, args, shown_cwd, plan));
         }
     }
     let id = new_hex_id("proc_");
@@ -534,7 +563,6 @@ pub(crate) fn start_process(
     )
     .map_err(|e| format!("cannot start {cmd}: {e}"))?;
     let pid = child.id().and_then(|p| i32::try_from(p).ok()).unwrap_or(-1);
-    let (tx, _rx) = watch::channel(0u64);
     let leaf = inner.cgroups.as_ref().and_then(|cg| cg.leaf(&marker));
     let peek: Vec<std::os::fd::OwnedFd> = [
         child.stdout.as_ref().and_then(|o| o.as_fd().try_clone_to_owned().ok()),
@@ -544,26 +572,11 @@ pub(crate) fn start_process(
     .flatten()
     .collect();
     let proc = Arc::new(Proc {
-        id,
         marker,
         leaf,
-        pid,
-        cmd: cmd.to_string(),
-        args,
-        cwd: cwd_req.map(str::to_string).unwrap_or_else(|| cwd.to_string_lossy().into_owned()),
-        created_at: rfc3339_now(),
-        st: Mutex::new(ProcState::default()),
-        journal: Mutex::new(Journal::new(inner.journal_bytes)),
-        tx,
         stdin: tokio::sync::Mutex::new(child.stdin.take()),
-        stdin_closed: AtomicBool::new(false),
-        input_seq: AtomicU64::new(0),
-        capture: Mutex::new([Vec::new(), Vec::new()]),
-        key: inner.next_key.fetch_add(1, Ordering::Relaxed),
-        kept: AtomicU8::new(KEPT_LIVE),
-        exit_sent: AtomicBool::new(false),
         peek: Mutex::new(peek),
-        virt: None,
+        ..Proc::fresh(inner, id, pid, cmd, args, shown_cwd)
     });
     sb.procs.lock().unwrap().push(proc.clone());
     if let Some(out) = child.stdout.take() {

@@ -27,16 +27,16 @@
 //! the staged files and exit 122 (124 when cancelled). The script's other lines (`cd`,
 //! `export`) do not matter to a virtual command and are not played.
 use std::path::PathBuf;
-use std::sync::atomic::{AtomicBool, AtomicI32, AtomicU64, AtomicU8, Ordering};
+use std::sync::atomic::{AtomicI32, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use bytes::Bytes;
 use nix::sys::signal::Signal;
-use tokio::sync::{watch, Notify};
+use tokio::sync::Notify;
 use tokio::time::Instant;
 
-use super::model::{self, Journal, Proc, ProcState, Sandbox, CAPTURE_CAP, KEPT_LIVE};
+use super::model::{self, Proc, Sandbox, CAPTURE_CAP};
 use super::Inner;
 
 /// The command name that makes a process virtual.
@@ -222,29 +222,10 @@ pub(crate) fn start(
     cwd: String,
     plan: Plan,
 ) -> Arc<Proc> {
-    let id = model::new_hex_id("proc_");
-    let (tx, _rx) = watch::channel(0u64);
+    let pid = PID_BASE + NEXT_PID.fetch_add(1, Ordering::Relaxed) % (i32::MAX - PID_BASE);
     let proc = Arc::new(Proc {
-        marker: inner.marker_for(&id),
-        id,
-        leaf: None,
-        pid: PID_BASE + NEXT_PID.fetch_add(1, Ordering::Relaxed) % (i32::MAX - PID_BASE),
-        cmd: cmd.to_string(),
-        args,
-        cwd,
-        created_at: model::rfc3339_now(),
-        st: Mutex::new(ProcState::default()),
-        journal: Mutex::new(Journal::new(inner.journal_bytes)),
-        tx,
-        stdin: tokio::sync::Mutex::new(None),
-        stdin_closed: AtomicBool::new(false),
-        input_seq: AtomicU64::new(0),
-        capture: Mutex::new([Vec::new(), Vec::new()]),
-        key: inner.next_key.fetch_add(1, Ordering::Relaxed),
-        kept: AtomicU8::new(KEPT_LIVE),
-        exit_sent: AtomicBool::new(false),
-        peek: Mutex::new(Vec::new()),
         virt: Some(Control::default()),
+        ..Proc::fresh(inner, model::new_hex_id("proc_"), pid, cmd, args, cwd)
     });
     sb.procs.lock().unwrap().push(proc.clone());
     inner.live_virtual.fetch_add(1, Ordering::SeqCst);
