@@ -101,7 +101,7 @@ impl Journal {
         Journal { frames: VecDeque::new(), bytes: 0, cap, newest: 0 }
     }
 
-    pub(crate) fn push(&mut self, stream: u8, data: Bytes) {
+    fn push(&mut self, stream: u8, data: Bytes) {
         self.newest += 1;
         self.bytes += data.len();
         self.frames.push_back(Frame { seq: self.newest, stream, data });
@@ -256,6 +256,19 @@ impl Proc {
             peek: Mutex::new(Vec::new()),
             virt: None,
         }
+    }
+
+    /// Output the process wrote on `stream` (0 stdout, 1 stderr), at most [`FRAME_MAX`]
+    /// bytes: into the capture (up to [`CAPTURE_CAP`]) and the journal, as one frame.
+    pub fn record(&self, stream: u8, data: Bytes) {
+        {
+            let mut cap = self.capture.lock().unwrap();
+            let c = &mut cap[stream as usize];
+            let room = CAPTURE_CAP.saturating_sub(c.len());
+            c.extend_from_slice(&data[..data.len().min(room)]);
+        }
+        self.journal.lock().unwrap().push(stream, data);
+        self.bump();
     }
 
     pub fn bump(&self) {
@@ -595,17 +608,7 @@ async fn pump<R: tokio::io::AsyncRead + Unpin>(inner: Arc<Inner>, proc: Arc<Proc
     loop {
         match r.read(&mut buf).await {
             Ok(0) | Err(_) => break,
-            Ok(n) => {
-                let data = Bytes::copy_from_slice(&buf[..n]);
-                {
-                    let mut cap = proc.capture.lock().unwrap();
-                    let c = &mut cap[stream as usize];
-                    let room = CAPTURE_CAP.saturating_sub(c.len());
-                    c.extend_from_slice(&data[..n.min(room)]);
-                }
-                proc.journal.lock().unwrap().push(stream, data);
-                proc.bump();
-            }
+            Ok(n) => proc.record(stream, Bytes::copy_from_slice(&buf[..n])),
         }
     }
     proc.st.lock().unwrap().eof[stream as usize] = true;

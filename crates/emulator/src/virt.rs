@@ -36,7 +36,7 @@ use nix::sys::signal::Signal;
 use tokio::sync::Notify;
 use tokio::time::Instant;
 
-use super::model::{self, Proc, Sandbox, CAPTURE_CAP};
+use super::model::{self, Proc, Sandbox};
 use super::Inner;
 
 /// The command name that makes a process virtual.
@@ -289,19 +289,11 @@ async fn play(inner: &Inner, sb: &Sandbox, proc: &Proc, ctl: &Control, plan: Pla
     ctl.take().map_or(End::Code(0), End::Signal)
 }
 
-fn write(proc: &Proc, stream: u8, data: Bytes) {
-    let mut data = data;
+/// A step's text, in frames of at most [`FRAME`] bytes.
+fn write(proc: &Proc, stream: u8, mut data: Bytes) {
     while !data.is_empty() {
-        let chunk = data.split_to(data.len().min(FRAME));
-        {
-            let mut cap = proc.capture.lock().unwrap();
-            let c = &mut cap[stream as usize];
-            let room = CAPTURE_CAP.saturating_sub(c.len());
-            c.extend_from_slice(&chunk[..chunk.len().min(room)]);
-        }
-        proc.journal.lock().unwrap().push(stream, chunk);
+        proc.record(stream, data.split_to(data.len().min(FRAME)));
     }
-    proc.bump();
 }
 
 fn host(sb: &Sandbox, p: &str) -> Option<PathBuf> {
