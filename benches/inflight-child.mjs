@@ -40,7 +40,9 @@ async function main() {
   const client = { config, apiKey }
   await lib.execute(client, { lease: { providerLeaseId: sandboxes[0] }, command: 'createos-virtual', args: ['out:warm\n'] })
   global.gc?.()
-  await sleep(300)
+  // Idle is read once the allocators gave back what the warm-up freed: jemalloc within about
+  // 1 s (src/allocator.rs), glibc's heap at the next trim (every 5 s, src/trim.rs).
+  await sleep(6_000)
   const idleSamples = []
   for (let i = 0; i < 9; i++) {
     idleSamples.push(rss())

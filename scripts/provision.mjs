@@ -27,6 +27,8 @@ import { fileURLToPath } from 'node:url'
 
 /** Every program a test starts that is not part of a minimal Linux system, and its Debian package. */
 export const TOOLS = [
+  // the addon's build on x86-64 Linux: jemalloc's C build runs configure and make (src/allocator.rs)
+  { bin: 'make', pkg: 'make', linux: true },
   // crates/core/tests/pacing_redis.rs, __test__/pacing-shared.test.mjs, benches/run.mjs
   { bin: 'redis-server', pkg: 'redis-server' },
   { bin: 'redis-cli', pkg: 'redis-tools' },

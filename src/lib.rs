@@ -10,6 +10,7 @@
 //! flight — so each runs its cleanup (the DELETE of its process tree) — and waits up to
 //! [`TEARDOWN_WAIT`] for them to finish. Their callbacks are not called any more.
 
+mod allocator;
 mod trim;
 
 use std::collections::HashMap;

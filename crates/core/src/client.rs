@@ -71,7 +71,7 @@ pub enum Body {
 #[derive(Debug, Clone, Default)]
 pub struct NetOptions {
     pub proxy: Option<net::ProxyUrl>,
-    pub ca_cert_pem: Option<String>,
+    pub ca_cert_pem: Option<Arc<str>>,
 }
 
 /// Checks an API URL and returns its origin (`scheme://host[:port]`): HTTPS, or HTTP on

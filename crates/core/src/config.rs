@@ -121,10 +121,25 @@ fn parse_net(m: &Map<String, Value>, api_url: &str) -> Result<NetOptions> {
     }
     let ca_cert_pem = match opt(m, "caCertPem") {
         None => None,
-        Some(Value::String(s)) if net::pem_certificates(s.as_bytes()).is_some() => Some(s.clone()),
+        Some(Value::String(s)) if net::pem_certificates(s.as_bytes()).is_some() => Some(shared_pem(s)),
         Some(_) => return Err(Error::Input(net::INVALID_CA_PEM)),
     };
     Ok(NetOptions { proxy, ca_cert_pem })
+}
+
+/// One copy of the `caCertPem` a host passes on every call: each command in flight holds its
+/// config, and would otherwise hold its own copy of the PEM (docs/benchmarks.md §14). The last
+/// PEM seen is remembered weakly, so nothing outlives the commands that use it.
+fn shared_pem(pem: &str) -> std::sync::Arc<str> {
+    use std::sync::{Arc, Mutex, PoisonError, Weak};
+    static LAST: Mutex<Option<Weak<str>>> = Mutex::new(None);
+    let mut last = LAST.lock().unwrap_or_else(PoisonError::into_inner);
+    if let Some(same) = last.as_ref().and_then(Weak::upgrade).filter(|p| **p == *pem) {
+        return same;
+    }
+    let fresh: Arc<str> = Arc::from(pem);
+    *last = Some(Arc::downgrade(&fresh));
+    fresh
 }
 
 fn integer(v: &Value, min: u64, max: u64) -> Option<u64> {
@@ -417,6 +432,19 @@ mod tests {
         for m in [INVALID_PACING_LIMIT, INVALID_PACING_WINDOW, INVALID_PACING_INTERVAL, INVALID_LEGACY] {
             assert!(m.split(' ').next().unwrap().chars().all(|c| c.is_ascii_alphabetic() || c == '.'), "{m}");
         }
+    }
+
+    #[test]
+    fn the_same_pem_is_held_once() {
+        let a = shared_pem("pem one");
+        let b = shared_pem("pem one");
+        assert!(std::sync::Arc::ptr_eq(&a, &b));
+        let c = shared_pem("pem two");
+        assert!(!std::sync::Arc::ptr_eq(&a, &c));
+        assert_eq!(&*c, "pem two");
+        // Remembered weakly: once nobody holds it, the next one is a fresh copy.
+        drop((a, b, c));
+        assert_eq!(&*shared_pem("pem two"), "pem two");
     }
 
     #[test]

@@ -328,6 +328,54 @@ pub const VERIFY_BUDGET: Duration = Duration::from_secs(10);
 /// chunk is at most a few tens of KiB).
 const READ_AHEAD: usize = 32;
 
+/// How much of a body is read by the parsing task itself before a reader task takes over. A
+/// command that prints little (most, and every idle one) never pays for the reader task and
+/// its queue (about 2 KB while it waits; docs/benchmarks.md §14); one that streams a lot gets
+/// the overlap after its first [`INLINE_BYTES`].
+const INLINE_BYTES: usize = 256 * 1024;
+
+type Chunk = std::result::Result<bytes::Bytes, crate::transport::BodyBroken>;
+
+/// Where a followed body's chunks come from: read inline, then (past [`INLINE_BYTES`]) from a
+/// reader task through a bounded queue.
+enum Source {
+    Inline(crate::transport::BodyStream, usize),
+    /// The reader task ends with this value.
+    Ahead {
+        rx: mpsc::Receiver<Chunk>,
+        _reader: AbortOnDrop,
+    },
+}
+
+impl Source {
+    async fn next(&mut self) -> Option<Chunk> {
+        match self {
+            Source::Inline(stream, _) => stream.next().await,
+            Source::Ahead { rx, .. } => rx.recv().await,
+        }
+    }
+
+    /// Counts a chunk read inline; past [`INLINE_BYTES`] the body moves to a reader task.
+    fn account(self, len: usize) -> Self {
+        match self {
+            Source::Inline(mut stream, read) if read + len >= INLINE_BYTES => {
+                let (tx, rx) = mpsc::channel(READ_AHEAD);
+                let reader = AbortOnDrop(tokio::spawn(async move {
+                    while let Some(chunk) = stream.next().await {
+                        let broke = chunk.is_err();
+                        if tx.send(chunk).await.is_err() || broke {
+                            break;
+                        }
+                    }
+                }));
+                Source::Ahead { rx, _reader: reader }
+            }
+            Source::Inline(stream, read) => Source::Inline(stream, read + len),
+            ahead => ahead,
+        }
+    }
+}
+
 /// Ends a task when dropped (the reader of a connection we stopped following).
 struct AbortOnDrop(tokio::task::JoinHandle<()>);
 
@@ -340,8 +388,9 @@ impl Drop for AbortOnDrop {
 /// Reads one connection. `Ok(Some)` on an exit frame, `Ok(None)` when the connection ended
 /// or broke without one, `Err` on a protocol violation or an abort.
 ///
-/// A reader task receives the body while this task parses and captures (the two overlap,
-/// on two cores); the bounded channel between them keeps backpressure intact.
+/// Past its first [`INLINE_BYTES`], a reader task receives the body while this task parses
+/// and captures (the two overlap, on two cores); the bounded channel between them keeps
+/// backpressure intact.
 pub(crate) async fn read_stream(
     resp: crate::transport::Response,
     cursor: &mut u64,
@@ -350,25 +399,17 @@ pub(crate) async fn read_stream(
     opts: &FollowOptions,
 ) -> Result<Option<ExitFrame>> {
     let idle = opts.idle_timeout;
-    let (tx, mut body) = mpsc::channel(READ_AHEAD);
-    let _reader = AbortOnDrop(tokio::spawn(async move {
-        let mut stream = resp.into_body();
-        while let Some(chunk) = stream.next().await {
-            let broke = chunk.is_err();
-            if tx.send(chunk).await.is_err() || broke {
-                break;
-            }
-        }
-    }));
+    let mut body = Source::Inline(resp.into_body(), 0);
     let mut lines = LineSplitter::new();
     loop {
-        let next = ctx.run(async { Ok(tokio::time::timeout(idle, body.recv()).await) }).await?;
+        let next = ctx.run(async { Ok(tokio::time::timeout(idle, body.next()).await) }).await?;
         let chunk = match next {
             Err(_) => return Ok(None),           // idle: treat as broken
             Ok(None) => break,                   // ended
             Ok(Some(Err(_))) => return Ok(None), // broke
             Ok(Some(Ok(c))) => c,
         };
+        body = body.account(chunk.len());
         sink.received();
         lines.push(&chunk);
         while let Some(line) = lines.next_line()? {
