@@ -442,8 +442,10 @@ mod tests {
         let c = shared_pem("pem two");
         assert!(!std::sync::Arc::ptr_eq(&a, &c));
         assert_eq!(&*c, "pem two");
-        // Remembered weakly: once nobody holds it, the next one is a fresh copy.
+        // Remembered weakly: once the commands that held it are gone, so is the PEM.
+        let remembered = std::sync::Arc::downgrade(&c);
         drop((a, b, c));
+        assert!(remembered.upgrade().is_none());
         assert_eq!(&*shared_pem("pem two"), "pem two");
     }
 
