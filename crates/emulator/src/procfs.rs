@@ -49,31 +49,31 @@ pub(crate) fn start_ticks(pid: i32) -> Option<u64> {
 /// `execve` before it takes it as empty.
 const EXEC_SETTLE: Duration = Duration::from_millis(20);
 
-/// The marker in a process's initial environment. A process in the middle of an `execve` (its
-/// new image mapped, its arguments and environment not yet placed) reads an empty environment
-/// and an empty command line for a moment, and a marked one would be passed over: while both
-/// read empty the environment is read again (20 ms at most); an environment read empty while
-/// the command line is not is read once more, after it, then taken as it is.
+/// The marker in a process's initial environment. A process in the middle of an `execve` reads
+/// an empty environment for a moment (an `environ` opened on the image it is leaving reads
+/// nothing once that image is dropped; the new image has its arguments placed a moment before
+/// its environment), and a marked one would be passed over. So an empty environment is taken
+/// as it is only when read again ~200 µs later, still empty, between two reads of the command
+/// line that are equal and not empty (no `execve` overlapped the read: a chain of quick execs
+/// changes the command line each time); else it is read again, 20 ms at most, then taken as
+/// empty. A process that really has an empty environment costs three reads and a short nap.
 fn read_mark(pid: &str) -> Option<String> {
     let end = Instant::now() + EXEC_SETTLE;
-    let mut settled = false;
     loop {
         let env = std::fs::read(format!("/proc/{pid}/environ")).ok()?;
         if !env.is_empty() {
             return mark_in(&env);
         }
-        let cmdline = std::fs::read(format!("/proc/{pid}/cmdline")).ok()?;
-        if !cmdline.is_empty() {
-            if settled {
-                return None;
-            }
-            settled = true;
-            continue;
+        std::thread::sleep(Duration::from_micros(200));
+        let before = std::fs::read(format!("/proc/{pid}/cmdline")).ok()?;
+        let env = std::fs::read(format!("/proc/{pid}/environ")).ok()?;
+        if !env.is_empty() {
+            return mark_in(&env);
         }
-        if Instant::now() >= end {
+        let after = std::fs::read(format!("/proc/{pid}/cmdline")).ok()?;
+        if (!before.is_empty() && before == after) || Instant::now() >= end {
             return None;
         }
-        std::thread::sleep(Duration::from_micros(200));
     }
 }
 
