@@ -340,7 +340,7 @@ type Chunk = std::result::Result<bytes::Bytes, crate::transport::BodyBroken>;
 /// reader task through a bounded queue.
 enum Source {
     Inline(crate::transport::BodyStream, usize),
-    /// The reader task ends with this value.
+    /// The reader task is aborted when this is dropped.
     Ahead {
         rx: mpsc::Receiver<Chunk>,
         _reader: AbortOnDrop,
