@@ -2,8 +2,7 @@
 // the memory above idle belongs to the N commands in flight only.
 //
 // Protocol (fork IPC): the parent sends { url, apiKey, caPem, sandboxes, args }; the child
-// warms up (one short command: the runtime, the HTTP client and its threads exist), takes its
-// idle RSS and answers { idle }; then starts N = sandboxes.length commands at once (one per
+// warms up (up to WARM commands at once, see below), takes its idle RSS and answers { idle }; then starts N = sandboxes.length commands at once (one per
 // sandbox, pacing off), answers { started } when every promise is pending; the parent tells
 // it { measure } once the emulator holds all N in flight and they settled; the child samples
 // RSS and CPU for `windowMs` and answers { measured }; it answers { done } when all settled,
@@ -15,6 +14,7 @@ const require = createRequire(import.meta.url)
 const { loadLib } = require('./lib/load.cjs')
 
 const sleep = (ms) => new Promise((r) => setTimeout(r, ms))
+const WARM = 200
 const next = () => new Promise((resolve) => process.once('message', resolve))
 const rss = () => process.memoryUsage().rss
 // Anonymous resident memory (heap, stacks): RSS without the pages of the node binary and the
@@ -38,7 +38,21 @@ async function main() {
   const config = { apiUrl: url, timeoutMs: 600_000, pacing: 'off' }
   if (caPem) config.caCertPem = caPem
   const client = { config, apiKey }
-  await lib.execute(client, { lease: { providerLeaseId: sandboxes[0] }, command: 'createos-virtual', args: ['out:warm\n'] })
+  // Warm-up: WARM short commands, up to N at once, so the idle baseline is that of a host
+  // that has run commands before: the runtime, the HTTP client and its threads exist, and so
+  // do the code pages of node itself that the first burst of promises faults in (V8's
+  // optimizing compiler, its GC under load). With one warm-up command those pages (about
+  // 4 MB of /usr/bin/node, read from /proc/self/smaps) were counted as the N commands' own
+  // at 1,000 in flight. They are file pages, so the anonymous row was never affected.
+  const socketsBefore = openSockets()
+  for (let done = 0; done < WARM;) {
+    const k = Math.min(sandboxes.length, WARM - done)
+    await Promise.all(sandboxes.slice(0, k).map((sb) => lib.execute(client, { lease: { providerLeaseId: sb }, command: 'createos-virtual', args: ['out:warm\n'] })))
+    done += k
+  }
+  // The warm-up's pooled connections close idle (4 s, and the pool's reaper runs as often):
+  // idle is read without them, or the N would reuse memory the baseline counted.
+  for (const t = performance.now(); openSockets() > socketsBefore && performance.now() - t < 20_000;) await sleep(250)
   global.gc?.()
   // Idle is read once the allocators gave back what the warm-up freed: jemalloc within about
   // 1 s (src/allocator.rs), glibc's heap at the next trim (every 5 s, src/trim.rs).
