@@ -32,10 +32,10 @@
 //! and are secrets like the key: [`ProxyUrl`] never formats.
 //!
 //! **Trust.** The bundled web roots (Mozilla's, `webpki-root-certs`), plus every certificate
-//! of the PEM bundle named by `NODE_EXTRA_CA_CERTS`, plus the system store (rustls-native-certs) when
-//! `NODE_USE_SYSTEM_CA=1`, plus `config.caCertPem`. As in Node, the environment is read once
-//! per process; a `NODE_EXTRA_CA_CERTS` file that cannot be read or parsed is ignored (Node
-//! itself already printed a warning about it at start-up). A certificate that does not verify
+//! of the PEM bundle named by `NODE_EXTRA_CA_CERTS`, plus the system store
+//! (rustls-native-certs) when `NODE_USE_SYSTEM_CA=1`, plus `config.caCertPem`. As in Node,
+//! the environment is read once per process; a `NODE_EXTRA_CA_CERTS` file that cannot be read
+//! or parsed is ignored (Node itself already printed a warning about it at start-up). A certificate that does not verify
 //! is its own error, [`Error::UntrustedCertificate`](crate::error::Error::UntrustedCertificate).
 //!
 //! **Keep-alive.** An idle pooled connection is dropped after [`POOL_IDLE`], 4 s: below the
@@ -388,13 +388,9 @@ fn env_roots() -> &'static [CertificateDer<'static>] {
             }
         }
         if env.use_system_ca() {
-            for der in rustls_native_certs::load_native_certs().certs {
-                // Keep only what rustls accepts as a root, so one odd system certificate
-                // cannot make the whole client unbuildable.
-                if rustls::RootCertStore::empty().add(der.clone()).is_ok() {
-                    roots.push(der);
-                }
-            }
+            // One odd system certificate cannot make the client unbuildable: `tls_config`
+            // adds only what rustls accepts as a root.
+            roots.extend(rustls_native_certs::load_native_certs().certs);
         }
         roots
     })
@@ -418,7 +414,7 @@ const BUILD_FAILED: Error = Error::Internal("the HTTP client could not be built"
 fn tls_config(key: &Key) -> Result<rustls::ClientConfig> {
     let mut roots = rustls::RootCertStore::empty();
     roots.add_parsable_certificates(webpki_root_certs::TLS_SERVER_ROOT_CERTS.iter().cloned());
-    // As Node does with `NODE_EXTRA_CA_CERTS`: a certificate it cannot use is skipped.
+    // The environment's certificates that rustls cannot use are skipped (as Node does).
     roots.add_parsable_certificates(env_roots().iter().cloned());
     if let Some(pem) = &key.ca_pem {
         for der in pem_certificates(pem.as_bytes()).ok_or(Error::Input(INVALID_CA_PEM))? {
