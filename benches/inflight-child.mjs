@@ -1,12 +1,12 @@
 // §14 in flight: runs in a fresh node process (its RSS baseline is this process's own), so
 // the memory above idle belongs to the N commands in flight only.
 //
-// Protocol (fork IPC): the parent sends { url, apiKey, caPem, sandboxes, args }; the child
-// warms up (up to WARM commands at once, see below), takes its idle RSS and answers { idle }; then starts N = sandboxes.length commands at once (one per
-// sandbox, pacing off), answers { started } when every promise is pending; the parent tells
-// it { measure } once the emulator holds all N in flight and they settled; the child samples
-// RSS and CPU for `windowMs` and answers { measured }; it answers { done } when all settled,
-// with how many were exact.
+// Protocol (fork IPC): the parent sends { url, apiKey, caPem, sandboxes, args }; the child warms
+// up (WARM commands, up to N at once, see below), takes its idle RSS and answers { idle }; then
+// starts N = sandboxes.length commands at once (one per sandbox, pacing off), answers { started }
+// when every promise is pending; the parent tells it { measure } once the emulator holds all N in
+// flight and they settled; the child samples RSS and CPU for `windowMs` and answers { measured };
+// it answers { done } when all settled, with how many were exact.
 import { readFileSync } from 'node:fs'
 import { createRequire } from 'node:module'
 

@@ -35,8 +35,9 @@
 //! of the PEM bundle named by `NODE_EXTRA_CA_CERTS`, plus the system store
 //! (rustls-native-certs) when `NODE_USE_SYSTEM_CA=1`, plus `config.caCertPem`. As in Node,
 //! the environment is read once per process; a `NODE_EXTRA_CA_CERTS` file that cannot be read
-//! or parsed is ignored (Node itself already printed a warning about it at start-up). A certificate that does not verify
-//! is its own error, [`Error::UntrustedCertificate`](crate::error::Error::UntrustedCertificate).
+//! or parsed is ignored (Node itself already printed a warning about it at start-up). A
+//! certificate that does not verify is its own error,
+//! [`Error::UntrustedCertificate`](crate::error::Error::UntrustedCertificate).
 //!
 //! **Keep-alive.** An idle pooled connection is dropped after [`POOL_IDLE`], 4 s: below the
 //! 5 s after which Node's `http` server (and Apache, lighttpd, uvicorn by default) closes an
