@@ -7,6 +7,7 @@ import { mkdirSync, readFileSync, writeFileSync, existsSync, readdirSync } from 
 import { tmpdir } from 'node:os'
 import { join, basename, dirname } from 'node:path'
 import { fileURLToPath } from 'node:url'
+import { statLive } from './proc.mjs'
 import assert from 'node:assert/strict'
 import { before, after, beforeEach } from 'node:test'
 
@@ -232,16 +233,16 @@ export function readRecords() {
 // ---------------------------------------------------------------------------
 // /proc helpers
 
+export { statLive }
+
 /**
- * The tree of a live, non-zombie pid that an emulator started, or null: `<instance>:<id>`, from
+ * The tree of a live ({@link statLive}) pid that an emulator started, or null: `<instance>:<id>`, from
  * the emulator's cgroup the pid is in (`…/createos-emulator-<os pid>-<instance>/<id>`, which no
  * process of the tree can leave), else from `CREATEOS_EMULATOR_MARK` in its environment.
  */
 export function markOf(pid) {
   try {
-    const stat = readFileSync(`/proc/${pid}/stat`, 'utf8')
-    const state = stat.slice(stat.lastIndexOf(')') + 2, stat.lastIndexOf(')') + 3)
-    if (state === 'Z' || state === 'X') return null
+    if (!statLive(readFileSync(`/proc/${pid}/stat`, 'utf8'))) return null
     const fromCgroup = cgroupMarkOf(pid)
     if (fromCgroup) return fromCgroup
     const env = readFileSync(`/proc/${pid}/environ`)
@@ -298,12 +299,12 @@ export function emulatorCgroupDirs() {
   return out
 }
 
-/** True when pid is alive (not a zombie) and belongs to a tree an emulator started. */
+/** True when pid is alive ({@link statLive}) and belongs to a tree an emulator started. */
 export function isMarkedAlive(pid) {
   return markOf(pid) !== null
 }
 
-/** True when pid exists and is not a zombie (regardless of marker). */
+/** True when pid exists and may still run ({@link statLive}), whatever its marker. */
 export function isAlive(pid) {
   try {
     process.kill(pid, 0)
@@ -311,9 +312,7 @@ export function isAlive(pid) {
     return e.code === 'EPERM'
   }
   try {
-    const stat = readFileSync(`/proc/${pid}/stat`, 'utf8')
-    const state = stat.slice(stat.lastIndexOf(')') + 2, stat.lastIndexOf(')') + 3)
-    return state !== 'Z' && state !== 'X'
+    return statLive(readFileSync(`/proc/${pid}/stat`, 'utf8'))
   } catch {
     return false
   }
@@ -492,7 +491,7 @@ export function supervisorPids(pids) {
   return pids.filter((pid) => cmdline(pid).includes('__cos_marker='))
 }
 
-/** Live (non-zombie) pids whose command line is exactly `sleep <arg>`. */
+/** Live ({@link statLive}) pids whose command line is exactly `sleep <arg>`. */
 export function sleepers(arg) {
   const want = `sleep\0${arg}\0`
   const out = []
@@ -500,9 +499,7 @@ export function sleepers(arg) {
     if (!/^\d+$/.test(name)) continue
     try {
       if (readFileSync(`/proc/${name}/cmdline`, 'latin1') !== want) continue
-      const stat = readFileSync(`/proc/${name}/stat`, 'utf8')
-      const state = stat[stat.lastIndexOf(')') + 2]
-      if (state !== 'Z' && state !== 'X') out.push(Number(name))
+      if (statLive(readFileSync(`/proc/${name}/stat`, 'utf8'))) out.push(Number(name))
     } catch {}
   }
   return out

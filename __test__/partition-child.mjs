@@ -10,6 +10,7 @@ import { createHash } from 'node:crypto'
 import { readFileSync } from 'node:fs'
 import { createRequire } from 'node:module'
 import { fileURLToPath } from 'node:url'
+import { statLive } from './proc.mjs'
 
 const require = createRequire(import.meta.url)
 const { execute, isCreateosCleanupError } = require('../index.js')
@@ -100,9 +101,7 @@ function alive(pid) {
     return e.code === 'EPERM'
   }
   try {
-    const stat = readFileSync(`/proc/${pid}/stat`, 'utf8')
-    const state = stat.slice(stat.lastIndexOf(')') + 2, stat.lastIndexOf(')') + 3)
-    return state !== 'Z' && state !== 'X'
+    return statLive(readFileSync(`/proc/${pid}/stat`, 'utf8'))
   } catch {
     return false
   }

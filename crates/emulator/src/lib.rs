@@ -70,14 +70,15 @@
 //! clears its environment (`env -i`) *and* leaves the process group escapes: that is the limit of
 //! this fallback, and the reason cgroups come first.
 //!
-//! Zombies (state `Z` in `/proc/<pid>/stat`) count as exited in both. Process groups are
-//! tracked in both: one background task polls every ~25 ms while any managed process is not yet
-//! `tree_exited` (or a reaped leader's process group, or cgroup, still has members). A process
-//! group is forgotten once it is empty and its leader was reaped, so a recycled pid is never
-//! mistaken for one of ours. Without a cgroup a tree is declared exited after two consecutive
-//! /proc scans in which the leader has exited (and been reaped) and no process of the tree is
-//! alive, which closes the race of a process forking while a scan runs. [`Emulator::live_pids`]
-//! reports the members of this instance's cgroups and every marked process.
+//! Zombies (state `Z` in `/proc/<pid>/stat`) and processes already in `exit` (`PF_EXITING` in their
+//! flags: they run no code of their own again, and may have left `cgroup.procs`) count as exited in
+//! both. Process groups are tracked in both: one background task polls every ~25 ms while any
+//! managed process is not yet `tree_exited` (or a reaped leader's process group, or cgroup, still
+//! has members). A process group is forgotten once it is empty and its leader was reaped, so a
+//! recycled pid is never mistaken for one of ours. Without a cgroup a tree is declared exited after
+//! two consecutive /proc scans in which the leader has exited (and been reaped) and no process of
+//! the tree is alive, which closes the race of a process forking while a scan runs.
+//! [`Emulator::live_pids`] reports the members of this instance's cgroups and every marked process.
 //!
 //! # Termination scope
 //!
@@ -162,6 +163,7 @@ use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 
 pub use faults::{FaultAction, FaultRule};
+pub use procfs::stat_live;
 
 use model::Sandbox;
 
@@ -806,13 +808,13 @@ impl Emulator {
         RetainedOutput { bytes: r.total(), processes: r.len(), exits: r.exits(), evictions: r.evictions() }
     }
 
-    /// Every still-alive (non-zombie) pid of this emulator's trees: in one of its cgroups,
-    /// carrying its marker, or in a process group it started.
     /// How many virtual processes ([`EmulatorOptions::virtual_processes`]) still run.
     pub fn live_virtual(&self) -> usize {
         self.inner.live_virtual.load(Ordering::SeqCst)
     }
 
+    /// Every still-alive pid of this emulator's trees (not a zombie, not on its way out of
+    /// `exit`): in one of its cgroups, carrying its marker, or in a process group it started.
     pub fn live_pids(&self) -> Vec<i32> {
         self.live(false)
     }

@@ -946,7 +946,7 @@ fn signal_group(inner: &Inner, p: &Proc, sig: Signal) {
     }
 }
 
-/// Whether a live (non-zombie) process is in the leader's process group.
+/// Whether a live process (not a zombie, not in `exit`) is in the leader's process group.
 async fn group_alive(inner: &Inner, p: &Proc) -> bool {
     if !inner.groups.lock().unwrap().contains_key(&p.pid) {
         return false;

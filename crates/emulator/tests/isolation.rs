@@ -67,12 +67,9 @@ fn kill_pids(pids: &[i32]) {
     }
 }
 
-/// A missing or zombie pid.
+/// A missing or zombie pid, or one already in `exit`.
 fn pid_gone(pid: i32) -> bool {
-    match std::fs::read_to_string(format!("/proc/{pid}/stat")) {
-        Ok(s) => matches!(s.rfind(')').and_then(|i| s[i + 2..].chars().next()), Some('Z' | 'X')),
-        Err(_) => true,
-    }
+    std::fs::read_to_string(format!("/proc/{pid}/stat")).map_or(true, |s| !createos_emulator::stat_live(&s))
 }
 
 fn skip_unless_root(what: &str) -> bool {

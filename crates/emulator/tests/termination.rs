@@ -284,21 +284,22 @@ async fn kill_only_under_group_scope_kills_the_group_only() {
     .await;
 }
 
-/// A pid's state letter, process group and the `exit_code` field of its /proc stat (the wait
-/// status a zombie died with); `None` once it is gone.
-fn stat_of(pid: i32) -> Option<(char, i32, i64)> {
+/// Whether a pid lives ([`createos_emulator::stat_live`]: not a zombie, not in `exit`), its
+/// process group and the `exit_code` field of its /proc stat (the wait status it dies with, set
+/// as it enters `exit`); `None` once it is gone.
+fn stat_of(pid: i32) -> Option<(bool, i32, i64)> {
     let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
     let fields: Vec<&str> = stat[stat.rfind(')')? + 2..].split_ascii_whitespace().collect();
-    Some((fields.first()?.chars().next()?, fields.get(2)?.parse().ok()?, fields.last()?.parse().ok()?))
+    Some((createos_emulator::stat_live(&stat), fields.get(2)?.parse().ok()?, fields.last()?.parse().ok()?))
 }
 
 /// The race of a group DELETE sent a few ms after the leader exited: the command's last act was
 /// to start a `setsid` daemon in the background, which may still be between its fork and its
 /// `setsid()` (in the leader's group, so the DELETE's SIGTERM ends it) or past it (out of the
 /// group: it lives on). Either is right; what must hold is that the answer says which: each
-/// round `tree_exited` is true only when nothing of the tree lives (the daemon's pid is gone or
-/// a zombie, and no `sleep` of it runs), read from /proc right after the DELETE answered, and
-/// false only when something did (the daemon lives on, or the group's SIGTERM ended it just
+/// round `tree_exited` is true only when nothing of the tree lives (the daemon's pid is gone,
+/// in `exit` or a zombie, and no `sleep` of it runs), read from /proc right after the DELETE
+/// answered, and false only when something did (the daemon lives on, or the group's SIGTERM ended it just
 /// after it left the group: received while a member, it takes effect after its `setsid()`).
 /// The leader is shaped as the client's script (a login shell that `exec`s the command), and
 /// the DELETE follows, by turns, the exit frame at once, a read of the record after the exit
@@ -337,17 +338,18 @@ async fn delete_right_after_the_leader(c: &Ctx, rounds: usize) {
         let sleeping = sleepers(&arg);
         let (w, _) = c.wait(&sb, &id, "tree", 0).await;
         // The survivors, by pid, before any assertion can fail.
-        if daemon_stat.is_some_and(|(state, _, _)| !matches!(state, 'Z' | 'X')) {
+        if daemon_stat.is_some_and(|(live, _, _)| live) {
             kill_by_pid(daemon);
         }
         kill_sleepers(&[&arg]);
 
         assert_eq!(s, 200, "{v}");
         let claimed = v["data"]["tree_exited"].as_bool().expect("tree_exited in the DELETE's answer");
-        let alive = daemon_stat.is_some_and(|(state, _, _)| !matches!(state, 'Z' | 'X')) || !sleeping.is_empty();
-        // The wait status of the daemon's zombie: 15 when the DELETE's SIGTERM ended it (sent to
-        // the group while it was a member; it may have finished its setsid() before it died).
-        let terminated = daemon_stat.is_some_and(|(state, _, status)| state == 'Z' && status == 15);
+        let alive = daemon_stat.is_some_and(|(live, _, _)| live) || !sleeping.is_empty();
+        // The wait status the daemon died with (a zombie, or still in `exit`): 15 when the
+        // DELETE's SIGTERM ended it (sent to the group while it was a member; it may have
+        // finished its setsid() before it died).
+        let terminated = daemon_stat.is_some_and(|(live, _, status)| !live && status == 15);
         let seen = format!(
             "round {round}: DELETE {v}, daemon {daemon} {daemon_stat:?} (leader {leader}), sleepers {sleeping:?}"
         );
@@ -420,9 +422,7 @@ async fn a_descendant_in_the_middle_of_an_exec_is_still_of_the_tree() {
                 let (s, v) = c.json(c.delete(&format!("/sandboxes/{sb}/processes/{id}?grace_ms=0"))).await;
                 let st = stat_of(daemon);
                 deletes += 1;
-                if s != 200
-                    || (v["data"]["tree_exited"] != false && st.is_some_and(|(s, _, _)| !matches!(s, 'Z' | 'X')))
-                {
+                if s != 200 || (v["data"]["tree_exited"] != false && st.is_some_and(|(live, _, _)| live)) {
                     let answer = (&v["data"]["leader_exited"], &v["data"]["tree_exited"]);
                     wrong = Some(format!("round {round}: DELETE {s} {answer:?}, daemon {daemon} {st:?}"));
                     break;

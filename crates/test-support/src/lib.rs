@@ -184,8 +184,8 @@ pub fn unique_sleep(base: u32) -> String {
     format!("{base}.{n}{:05}{:06}", std::process::id() % 100_000, nanos / 1000)
 }
 
-/// Live (non-zombie) pids whose command line is exactly `sleep <arg>`, read from /proc (not
-/// from the emulator, whose view is what the tests check).
+/// Live pids ([`createos_emulator::stat_live`]: not a zombie, not in `exit`) whose command line is
+/// exactly `sleep <arg>`, read from /proc (not from the emulator's records, which the tests check).
 #[must_use]
 pub fn sleepers(arg: &str) -> Vec<i32> {
     let want = format!("sleep\0{arg}\0");
@@ -196,9 +196,7 @@ pub fn sleepers(arg: &str) -> Vec<i32> {
         if std::fs::read(format!("/proc/{pid}/cmdline")).ok().as_deref() != Some(want.as_bytes()) {
             continue;
         }
-        let Ok(stat) = std::fs::read_to_string(format!("/proc/{pid}/stat")) else { continue };
-        let state = stat.rfind(')').and_then(|i| stat[i + 2..].chars().next());
-        if !matches!(state, Some('Z' | 'X')) {
+        if std::fs::read_to_string(format!("/proc/{pid}/stat")).is_ok_and(|s| createos_emulator::stat_live(&s)) {
             out.push(pid);
         }
     }
