@@ -27,7 +27,8 @@ pub(crate) struct Entry {
 pub(crate) type Filter = Arc<dyn Fn(&Entry) -> bool + Send + Sync>;
 
 /// `PF_EXITING` in the flags field of `/proc/<pid>/stat` (include/linux/sched.h): set when the
-/// process enters `exit`, before the kernel drops it from its cgroup's `cgroup.procs`.
+/// process enters `exit`, before the kernel drops it from its cgroup's `cgroup.procs` and long
+/// before it is a zombie.
 const PF_EXITING: u32 = 0x4;
 /// `PF_KTHREAD`: a kernel thread, which has no memory of its own and is never of a tree.
 const PF_KTHREAD: u32 = 0x0020_0000;
@@ -50,8 +51,8 @@ struct Stat {
 
 impl Stat {
     /// Whether it may still run: neither a zombie nor dead nor on its way out. A process on its
-    /// way out has already left `cgroup.procs`; were it counted, a scan could see alive a tree
-    /// its cgroup shows gone (a SIGKILLed process lingers a moment in `exit` on a busy machine).
+    /// way out may already have left `cgroup.procs`; were it counted, a scan could see alive a
+    /// tree its cgroup shows gone (a SIGKILLed process lingers in `exit` on a busy machine).
     fn live(&self) -> bool {
         !(self.exiting || matches!(self.state, b'Z' | b'X' | b'x'))
     }
