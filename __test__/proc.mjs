@@ -1,11 +1,11 @@
-// What the tests read of /proc, with no other dependency: partition-child.mjs, a plain script
-// run in its own network namespace, imports it as well as helpers.mjs.
+// What the tests read of /proc, with no other dependency: imported by helpers.mjs and by
+// partition-child.mjs, a plain script run in its own network namespace.
 
 /**
  * Whether the text of `/proc/<pid>/stat` is that of a process that may still run: not a zombie
  * (Z, X) and not on its way out (PF_EXITING, 0x4, in the flags field). A SIGKILLed process lingers
- * a moment in `exit` (R or D) after it left its cgroup's `cgroup.procs`; the emulator's scan
- * counts it gone, and so do the tests (crates/emulator/src/procfs.rs, `Stat::live`).
+ * in `exit` (R or D), and may leave its cgroup's `cgroup.procs` before it is a zombie; the
+ * emulator counts it gone, and so do the tests (crates/emulator/src/procfs.rs, `Stat::live`).
  */
 export function statLive(stat) {
   const fields = stat.slice(stat.lastIndexOf(')') + 2).split(' ')
