@@ -7,7 +7,7 @@ import { mkdirSync, readFileSync, writeFileSync, existsSync, readdirSync } from 
 import { tmpdir } from 'node:os'
 import { join, basename, dirname } from 'node:path'
 import { fileURLToPath } from 'node:url'
-import { statLive } from './proc.mjs'
+import { isAlive, statLive } from './proc.mjs'
 import assert from 'node:assert/strict'
 import { before, after, beforeEach } from 'node:test'
 
@@ -233,7 +233,7 @@ export function readRecords() {
 // ---------------------------------------------------------------------------
 // /proc helpers
 
-export { statLive }
+export { isAlive, statLive }
 
 /**
  * The tree of a live ({@link statLive}) pid that an emulator started, or null: `<instance>:<id>`, from
@@ -304,19 +304,6 @@ export function isMarkedAlive(pid) {
   return markOf(pid) !== null
 }
 
-/** True when pid exists and may still run ({@link statLive}), whatever its marker. */
-export function isAlive(pid) {
-  try {
-    process.kill(pid, 0)
-  } catch (e) {
-    return e.code === 'EPERM'
-  }
-  try {
-    return statLive(readFileSync(`/proc/${pid}/stat`, 'utf8'))
-  } catch {
-    return false
-  }
-}
 
 /** Every live process on this machine in a tree an emulator started: [{ pid, mark, startMs }]. */
 export function markedProcesses() {

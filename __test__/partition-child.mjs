@@ -10,7 +10,7 @@ import { createHash } from 'node:crypto'
 import { readFileSync } from 'node:fs'
 import { createRequire } from 'node:module'
 import { fileURLToPath } from 'node:url'
-import { statLive } from './proc.mjs'
+import { isAlive } from './proc.mjs'
 
 const require = createRequire(import.meta.url)
 const { execute, isCreateosCleanupError } = require('../index.js')
@@ -92,19 +92,6 @@ function sample() {
 function rssNow() {
   const m = /^VmRSS:\s+(\d+) kB$/m.exec(readFileSync('/proc/self/status', 'utf8'))
   return m ? Number(m[1]) * 1024 : process.memoryUsage.rss()
-}
-
-function alive(pid) {
-  try {
-    process.kill(pid, 0)
-  } catch (e) {
-    return e.code === 'EPERM'
-  }
-  try {
-    return statLive(readFileSync(`/proc/${pid}/stat`, 'utf8'))
-  } catch {
-    return false
-  }
 }
 
 function requestLog() {
@@ -372,7 +359,7 @@ async function main() {
   report.liveAfterClose = emu.livePids()
   report.seenPids = [...seenPids]
   // Whatever the emulator may have missed is ended here, by pid.
-  const stragglers = report.seenPids.filter(alive)
+  const stragglers = report.seenPids.filter(isAlive)
   for (const pid of stragglers) {
     try { process.kill(pid, 'SIGKILL') } catch {}
   }

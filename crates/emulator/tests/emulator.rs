@@ -4,7 +4,7 @@
 use std::time::{Duration, Instant};
 
 use base64::Engine;
-use createos_test_support::{emulator, EmulatorOptions, FaultRule};
+use createos_test_support::{emulator, pid_gone, EmulatorOptions, FaultRule};
 use serde_json::{json, Value};
 
 mod support;
@@ -39,15 +39,6 @@ fn lines(body: &[u8]) -> Vec<Value> {
 
 fn b64(v: &Value) -> Vec<u8> {
     base64::engine::general_purpose::STANDARD.decode(v["data_base64"].as_str().unwrap()).unwrap()
-}
-
-/// A pid is gone when it does not exist, is a zombie (an orphan re-parented to an init that
-/// does not reap is a zombie but no longer runs) or is already in `exit`.
-fn pid_gone(pid: i32) -> bool {
-    if nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid), None).is_err() {
-        return true;
-    }
-    std::fs::read_to_string(format!("/proc/{pid}/stat")).map_or(true, |s| !createos_emulator::stat_live(&s))
 }
 
 async fn eventually(what: &str, mut cond: impl FnMut() -> bool) {

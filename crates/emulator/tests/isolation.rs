@@ -6,7 +6,7 @@
 use std::time::{Duration, Instant};
 
 use createos_test_support::emulator::{self, Emulator, EmulatorOptions, TrackingMode};
-use createos_test_support::{sleepers, unique_sleep};
+use createos_test_support::{pid_gone, sleepers, unique_sleep};
 use serde_json::{json, Value};
 
 /// Whole trees: these tests prove a process DELETE ends what left the process group
@@ -65,11 +65,6 @@ fn kill_pids(pids: &[i32]) {
     for pid in pids {
         let _ = nix::sys::signal::kill(nix::unistd::Pid::from_raw(*pid), nix::sys::signal::Signal::SIGKILL);
     }
-}
-
-/// A missing or zombie pid, or one already in `exit`.
-fn pid_gone(pid: i32) -> bool {
-    std::fs::read_to_string(format!("/proc/{pid}/stat")).map_or(true, |s| !createos_emulator::stat_live(&s))
 }
 
 fn skip_unless_root(what: &str) -> bool {

@@ -184,6 +184,13 @@ pub fn unique_sleep(base: u32) -> String {
     format!("{base}.{n}{:05}{:06}", std::process::id() % 100_000, nanos / 1000)
 }
 
+/// Whether `pid` is gone: no longer in /proc, a zombie (an orphan re-parented to an init that
+/// does not reap stays one, but runs no more) or already in `exit` ([`createos_emulator::stat_live`]).
+#[must_use]
+pub fn pid_gone(pid: i32) -> bool {
+    std::fs::read_to_string(format!("/proc/{pid}/stat")).map_or(true, |s| !createos_emulator::stat_live(&s))
+}
+
 /// Live pids ([`createos_emulator::stat_live`]: not a zombie, not in `exit`) whose command line is
 /// exactly `sleep <arg>`, read from /proc (not from the emulator's records, which the tests check).
 #[must_use]
